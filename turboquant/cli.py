@@ -1,0 +1,46 @@
+"""The ``tq`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .reporting import format_table, write_csv
+
+__all__ = ["main"]
+
+
+def _distortion(args) -> int:
+    from .quant.distortion import DISTORTION_COLUMNS, measure_distortion
+
+    rows = measure_distortion(d=args.head_dim, n=args.vectors, bits=args.bits, methods=args.methods, seed=args.seed)
+    print(f"Distortion on {args.vectors} random unit vectors, head_dim={args.head_dim} "
+          "(mse = E||x - x_hat||^2; ip = <y,x> - <y,x_hat> for an independent unit y)")
+    print(format_table(rows, DISTORTION_COLUMNS))
+    if args.csv:
+        print(f"wrote {write_csv(rows, args.csv, DISTORTION_COLUMNS)}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tq", description="turboquant: quantized KV caches for PyTorch models")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("distortion", help="MSE and inner-product error per method and bit width")
+    d.add_argument("--head-dim", type=int, default=128)
+    d.add_argument("--vectors", type=int, default=20000)
+    d.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4, 8])
+    d.add_argument("--methods", nargs="+", default=["affine", "turbo"], choices=["affine", "turbo"])
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--csv", default="", help="also write the table to this CSV file")
+    d.set_defaults(func=_distortion)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

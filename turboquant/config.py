@@ -1,0 +1,161 @@
+"""Quantization settings, validated when they are built, never deep inside a kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+__all__ = ["KVQuantConfig", "TensorQuantSpec", "METHODS", "BITS", "GROUP_SIZES", "METADATA_DTYPES"]
+
+METHODS = ("affine", "turbo")
+BITS = (2, 3, 4, 8)
+GROUP_SIZES = (None, 32, 64, 128)
+METADATA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROLES = ("k", "v")
+
+_DTYPE_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+def _allowed(values) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def _check_bits(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in BITS:
+        raise ValueError(f"{name}={value!r} is not supported; allowed: {_allowed(BITS)}")
+    return value
+
+
+def _check_dtype(value) -> torch.dtype:
+    if isinstance(value, str):
+        if value not in _DTYPE_NAMES:
+            raise ValueError(f"metadata_dtype={value!r} is not supported; allowed: "
+                             f"{_allowed(sorted(_DTYPE_NAMES))}")
+        value = _DTYPE_NAMES[value]
+    if value not in METADATA_DTYPES:
+        raise ValueError(f"metadata_dtype={value!r} is not supported; allowed: {_allowed(METADATA_DTYPES)}")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorQuantSpec:
+    """How one cache tensor (the keys or the values of a layer) is quantized.
+
+    Resolved from a :class:`KVQuantConfig` by :meth:`KVQuantConfig.spec`; the packed
+    tensor carries it so that it can be decoded without the config.
+    """
+
+    method: str
+    bits: int
+    group_size: Optional[int]
+    clip_percentile: Optional[float]
+    metadata_dtype: torch.dtype
+    seed: int
+
+    def resolved_group_size(self, head_dim: int) -> int:
+        """Elements per (scale, zero) group for a head of ``head_dim`` elements."""
+        if self.method == "turbo":
+            return head_dim
+        group = head_dim if self.group_size is None else self.group_size
+        if head_dim % group:
+            raise ValueError(f"group_size={group} does not divide head_dim={head_dim}; "
+                             f"allowed: a value of {_allowed(GROUP_SIZES)} that divides it")
+        return group
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise ``ValueError`` if the codes of ``head_dim`` elements cannot be packed."""
+        per_byte_block = {8: 1, 4: 2, 3: 8, 2: 4}[self.bits]
+        if head_dim % per_byte_block:
+            raise ValueError(f"head_dim={head_dim} cannot hold {self.bits}-bit codes packed along it; "
+                             f"it must be a multiple of {per_byte_block}")
+        self.resolved_group_size(head_dim)
+
+
+@dataclass(frozen=True)
+class KVQuantConfig:
+    """How turboquant stores a KV cache.
+
+    Args:
+        method: ``"affine"`` — asymmetric min/max per group of ``group_size`` elements along
+            head_dim, one (scale, integer zero point) pair per group, per token, per head;
+            or ``"turbo"`` — Google's TurboQuant: a fixed random rotation of each head vector,
+            its norm, and a Lloyd–Max codebook for the rotated coordinates.
+        bits: code width for both K and V: 2, 3, 4 or 8.
+        k_bits, v_bits: override ``bits`` for keys or values (keys are the more sensitive;
+            ``k_bits=8, v_bits=4`` is a common choice).
+        group_size: affine only. Elements per group along head_dim; ``None`` (default) means
+            the whole head_dim; 32, 64 or 128 when it divides head_dim.
+        clip_percentile: affine only. ``None`` uses the group's min/max; a value in (50, 100],
+            e.g. ``99.99``, clips the range at that percentile of ``|x|`` within the group
+            (elements outside saturate) to keep one outlier from widening every step.
+        metadata_dtype: dtype of scales, zero points and norms: float16 (default),
+            bfloat16 or float32 (also accepted as strings).
+        seed: turbo only. Seed of the random rotation; the rotation is a pure function of
+            (head_dim, seed), so the same seed always decodes the same codes.
+
+    Invalid values raise ``ValueError`` naming the value and what is allowed.
+
+    Example::
+
+        >>> cfg = KVQuantConfig(method="turbo", bits=4, v_bits=3)
+        >>> cfg.spec("v").bits
+        3
+    """
+
+    method: Literal["affine", "turbo"] = "affine"
+    bits: int = 4
+    k_bits: Optional[int] = None
+    v_bits: Optional[int] = None
+    group_size: Optional[int] = None
+    clip_percentile: Optional[float] = None
+    metadata_dtype: torch.dtype = torch.float16
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not supported; allowed: {_allowed(METHODS)}")
+        _check_bits("bits", self.bits)
+        for name in ("k_bits", "v_bits"):
+            if getattr(self, name) is not None:
+                _check_bits(name, getattr(self, name))
+        if self.group_size is not None:
+            if isinstance(self.group_size, bool) or self.group_size not in GROUP_SIZES:
+                raise ValueError(f"group_size={self.group_size!r} is not supported; "
+                                 f"allowed: {_allowed(GROUP_SIZES)}")
+            if self.method == "turbo":
+                raise ValueError(f"group_size={self.group_size!r} applies to method='affine' only; "
+                                 "turbo quantizes the whole rotated head vector (leave group_size=None)")
+        if self.clip_percentile is not None:
+            p = self.clip_percentile
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not (50.0 < p <= 100.0):
+                raise ValueError(f"clip_percentile={p!r} is not supported; allowed: None or a number "
+                                 "in (50, 100], e.g. 99.99")
+            if self.method == "turbo":
+                raise ValueError(f"clip_percentile={p!r} applies to method='affine' only")
+        object.__setattr__(self, "metadata_dtype", _check_dtype(self.metadata_dtype))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} is not supported; allowed: an integer >= 0")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "KVQuantConfig":
+        """Build from keyword options, naming any unknown option and the known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; "
+                             f"allowed: {', '.join(sorted(known))}")
+        return cls(**kwargs)
+
+    def spec(self, role: str) -> TensorQuantSpec:
+        """The per-tensor settings for keys (``"k"``) or values (``"v"``)."""
+        if role not in ROLES:
+            raise ValueError(f"role={role!r} is not supported; allowed: {_allowed(ROLES)}")
+        override = self.k_bits if role == "k" else self.v_bits
+        return TensorQuantSpec(method=self.method, bits=self.bits if override is None else override,
+                               group_size=self.group_size, clip_percentile=self.clip_percentile,
+                               metadata_dtype=self.metadata_dtype, seed=self.seed)

@@ -1,0 +1,80 @@
+"""Lloyd–Max codebooks for the coordinates of a randomly rotated unit vector.
+
+After a uniformly random rotation, one coordinate ``y`` of a unit vector in ``R^d`` has
+density ``∝ (1 - y²)^((d-3)/2)`` on ``[-1, 1]``. We work in ``z = y·√d`` (variance 1, close
+to a standard normal for large ``d``), so one codebook serves every vector norm:
+``y ≈ centroid[code] / √d``.
+
+The codebook is the Lloyd–Max (MSE-optimal scalar) quantizer of that density, computed by
+a deterministic fixed-point iteration on a fine grid in float64. Because
+``E||u - û||² = Σ_i E(y_i - ŷ_i)² = E(z - ẑ)²``, :func:`codebook_mse` is also the expected
+squared error of a whole unit vector — the figure TurboQuant's paper quotes
+(≈ 0.36 / 0.117 / 0.03 / 0.009 at 1 / 2 / 3 / 4 bits).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["lloyd_max_codebook", "codebook_mse", "codebook_boundaries"]
+
+_GRID = 1 << 18
+
+
+def _density_grid(d: int):
+    """Midpoints ``z`` of a uniform grid over the support and the probability of each cell."""
+    if d < 3:
+        raise ValueError(f"head_dim={d} is too small for turbo quantization; it needs head_dim >= 3")
+    half = min(d ** 0.5, 16.0)  # beyond 16 standard deviations the mass is < 1e-50
+    edges = torch.linspace(-half, half, _GRID + 1, dtype=torch.float64)
+    z = (edges[1:] + edges[:-1]) / 2
+    logp = (d - 3) / 2 * torch.log1p(-(z * z) / d)
+    w = torch.exp(logp - logp.max())
+    return z, w / w.sum()
+
+
+@functools.lru_cache(maxsize=None)
+def _solve(d: int, bits: int):
+    z, w = _density_grid(d)
+    levels = 1 << bits
+    cdf = torch.cumsum(w, 0)
+    m0 = torch.cat([torch.zeros(1, dtype=torch.float64), cdf])
+    m1 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w * z, 0)])
+    # start from the quantiles of p^(1/3) (the asymptotically optimal point density,
+    # Panter–Dite): plain Lloyd from the quantiles of p takes tens of thousands of steps at 8 bits
+    comp = torch.cumsum(w ** (1 / 3), 0)
+    targets = (torch.arange(levels, dtype=torch.float64) + 0.5) / levels * comp[-1]
+    c = z[torch.searchsorted(comp, targets).clamp(max=z.numel() - 1)]
+    for _ in range(5000):
+        b = (c[1:] + c[:-1]) / 2
+        idx = torch.cat([torch.zeros(1, dtype=torch.long), torch.searchsorted(z, b),
+                         torch.full((1,), z.numel(), dtype=torch.long)])
+        mass = m0[idx[1:]] - m0[idx[:-1]]
+        new = torch.where(mass > 0, (m1[idx[1:]] - m1[idx[:-1]]) / mass.clamp(min=1e-300), c)
+        done = (new - c).abs().max() < 1e-13
+        c = new
+        if done:
+            break
+    # symmetric density: enforce exact symmetry so that negating x negates its codes' values
+    c = (c - c.flip(0)) / 2
+    cell = torch.bucketize(z, (c[1:] + c[:-1]) / 2)
+    mse = float((w * (z - c[cell]) ** 2).sum())
+    return c, mse
+
+
+def lloyd_max_codebook(d: int, bits: int) -> torch.Tensor:
+    """Sorted ``2**bits`` centroids (float64, in units of ``1/√d``) for head_dim ``d``."""
+    return _solve(int(d), int(bits))[0].clone()
+
+
+def codebook_boundaries(d: int, bits: int) -> torch.Tensor:
+    """The ``2**bits - 1`` decision thresholds between consecutive centroids."""
+    c = _solve(int(d), int(bits))[0]
+    return (c[1:] + c[:-1]) / 2
+
+
+def codebook_mse(d: int, bits: int) -> float:
+    """Expected squared error of one rotated unit vector quantized with this codebook."""
+    return _solve(int(d), int(bits))[1]

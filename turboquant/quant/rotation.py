@@ -1,0 +1,47 @@
+"""The fixed random orthogonal rotation of TurboQuant.
+
+* head_dim a power of two: a randomized Hadamard transform ``R = H · diag(σ) / √d`` with
+  ``H`` the Sylvester Hadamard matrix and ``σ`` random signs — O(d log d) in a kernel.
+* any other head_dim (80, 96, …): a Haar-random orthogonal matrix (QR of a Gaussian
+  matrix with the signs of ``diag(R)`` folded in), a dense d×d product, still cheap at
+  these sizes.
+
+Both are pure functions of ``(head_dim, seed)``, drawn from a CPU generator in float64,
+so codes written on one device decode identically on another. Rows are the rotated
+basis: ``y = x @ R.T`` rotates, ``x = y @ R`` rotates back.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["rotation_matrix", "is_power_of_two"]
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _sylvester(d: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+@functools.lru_cache(maxsize=None)
+def _rotation_cpu(d: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + d)
+    if is_power_of_two(d):
+        signs = torch.randint(0, 2, (d,), generator=gen, dtype=torch.int64).to(torch.float64) * 2 - 1
+        return _sylvester(d) * signs / d ** 0.5
+    g = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r))
+
+
+def rotation_matrix(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:
+    """The ``[head_dim, head_dim]`` orthogonal rotation for ``seed`` (see module doc)."""
+    return _rotation_cpu(int(head_dim), int(seed)).to(device=device, dtype=dtype)
