@@ -8,8 +8,10 @@ For a group ``x`` of ``G`` elements (along head_dim) and ``qmax = 2**bits - 1``:
 * Clipping (``clip_percentile=p``): ``t`` = the ``p``-th percentile of ``|x|`` within the
   group (linear interpolation between order statistics); ``lo = max(lo, -t)``,
   ``hi = min(hi, t)``. Elements outside saturate.
-* Scale: ``s = (hi - lo) / qmax``, stored in the metadata dtype *rounded up*, so the stored
-  grid still spans ``[lo, hi]``; an all-zero group gets ``s = 1``.
+* Scale: ``s = (hi - lo) / qmax``, stored in the metadata dtype *rounded up* (to the next
+  representable value when the cast rounded down), so the stored grid still spans
+  ``[lo, hi]``; an all-zero group gets ``s = 1``. A scale beyond the metadata dtype's range
+  saturates at its largest finite value (then elements beyond ``±max·qmax/2`` saturate too).
 * Zero point: ``z = round(-lo / s)``, an integer in ``[0, qmax]``.
 * Codes: ``q = clamp(round(x / s) + z, 0, qmax)``; decode ``x ≈ s * (q - z)``.
 * Rounding: round half to even (``torch.round``; Inductor and Triton's ``nearbyint``
@@ -28,13 +30,15 @@ __all__ = ["affine_quantize", "affine_dequantize", "to_metadata"]
 def to_metadata(x: torch.Tensor, dtype: torch.dtype, *, round_up: bool = False) -> torch.Tensor:
     """Cast a non-negative float tensor to the metadata dtype, saturating instead of overflowing.
 
-    ``round_up`` makes the stored value >= ``x`` (up to saturation): the relative rounding
-    error of a cast is at most eps/2, so scaling by (1 + eps) first is enough.
+    ``round_up`` makes the stored value >= ``x`` (up to saturation), subnormals included:
+    where the cast rounded down, take the next representable value.
     """
     info = torch.finfo(dtype)
+    y = x.clamp(max=info.max).to(dtype)
     if round_up and x.dtype != dtype:
-        x = x * (1.0 + info.eps)
-    return x.clamp(max=info.max).to(dtype)
+        up = torch.nextafter(y, torch.full((), float("inf"), dtype=dtype, device=y.device))
+        y = torch.where((y.to(x.dtype) < x) & (y < info.max), up, y)
+    return y
 
 
 def _percentile(a: torch.Tensor, p: float) -> torch.Tensor:

@@ -1,0 +1,23 @@
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=30)
+settings.register_profile("hunt", deadline=None, max_examples=500)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+BITS = (2, 3, 4, 8)
+METHODS = ("affine", "turbo")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

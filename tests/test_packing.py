@@ -1,0 +1,41 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import BITS, HEAD_DIMS
+from turboquant.quant.packing import pack_codes, packed_size, unpack_codes
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_pack_unpack_identity(bits, d):
+    g = torch.Generator().manual_seed(bits * 1000 + d)
+    codes = torch.randint(0, 1 << bits, (3, 5, 7, d), generator=g, dtype=torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (3, 5, 7, d * bits // 8) == (3, 5, 7, packed_size(d, bits))
+    assert torch.equal(unpack_codes(packed, bits, d), codes)
+
+
+@given(bits=st.sampled_from(BITS), rows=st.integers(1, 9), blocks=st.integers(1, 6), data=st.data())
+def test_pack_unpack_identity_property(bits, rows, blocks, data):
+    d = 8 * blocks
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    codes = torch.randint(0, 1 << bits, (rows, d), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    assert torch.equal(unpack_codes(pack_codes(codes, bits), bits, d), codes)
+
+
+def test_documented_layouts():
+    assert pack_codes(torch.tensor([1, 2]), 4).tolist() == [0x21]
+    assert pack_codes(torch.tensor([1, 2, 3, 0]), 2).tolist() == [0b00111001]
+    word = sum(c << (3 * i) for i, c in enumerate(range(8)))  # codes 0..7
+    assert pack_codes(torch.arange(8), 3).tolist() == [word & 0xFF, (word >> 8) & 0xFF, word >> 16]
+    assert pack_codes(torch.tensor([255, 7]), 8).tolist() == [255, 7]
+
+
+def test_bad_lengths_raise():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_codes(torch.zeros(12, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="take 12"):
+        unpack_codes(torch.zeros(5, dtype=torch.uint8), 3, 32)

@@ -1,0 +1,109 @@
+"""TurboQuant numerics: rotation, Lloyd–Max codebooks, MSE against the scalar optimum."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import BITS, HEAD_DIMS
+from turboquant import KVQuantConfig, dequantize_kv, quantize_kv
+from turboquant.quant.codebooks import codebook_mse, lloyd_max_codebook
+from turboquant.quant.rotation import rotation_matrix
+
+# Lloyd–Max MSE of a rotated unit vector at d = 128 (the issue's targets: within 5%)
+TARGET_MSE_D128 = {2: 0.122, 3: 0.0356, 4: 0.0098}
+
+
+def _unit(n, d, seed):
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_rotation_is_orthogonal_and_deterministic(d):
+    r = rotation_matrix(d, seed=7)
+    torch.testing.assert_close(r @ r.T, torch.eye(d, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert torch.equal(r, rotation_matrix(d, seed=7))
+    assert not torch.equal(r, rotation_matrix(d, seed=8))
+
+
+def test_hadamard_for_powers_of_two():
+    r = rotation_matrix(128, seed=0) * math.sqrt(128)
+    torch.testing.assert_close(r.abs(), torch.ones(128, 128, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_codebook_matches_the_known_lloyd_max_values():
+    # d -> infinity is the Gaussian: Lloyd–Max MSE 0.3634 / 0.1175 / 0.03454 / 0.009497 at 1..4 bits
+    for bits, gauss in zip((1, 2, 3, 4), (0.3634, 0.1175, 0.03454, 0.009497)):
+        assert codebook_mse(4096, bits) == pytest.approx(gauss, rel=2e-3)
+    assert codebook_mse(128, 2) == pytest.approx(0.1160, rel=2e-3)
+    assert codebook_mse(128, 3) == pytest.approx(0.0339, rel=3e-3)
+    assert codebook_mse(128, 4) == pytest.approx(0.0093, rel=3e-3)
+    # Panter–Dite: at 8 bits the optimum is close to (1/12)(∫p^(1/3))^3 4^-8 ≈ 2.72·4^-8 for a normal
+    assert codebook_mse(128, 8) < 2.72 * 4.0**-8
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_codebook_sorted_and_symmetric(bits):
+    c = lloyd_max_codebook(96, bits)
+    assert c.numel() == 1 << bits
+    assert bool((c[1:] > c[:-1]).all())
+    torch.testing.assert_close(c, -c.flip(0), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bits", (2, 3, 4))
+def test_turbo_mse_within_5pct_of_lloyd_max_d128(bits):
+    x = _unit(20000, 128, seed=bits)
+    xh = dequantize_kv(quantize_kv(x, KVQuantConfig(method="turbo", bits=bits)))
+    mse = float(((x - xh) ** 2).sum(-1).mean())
+    assert mse <= TARGET_MSE_D128[bits]
+    assert mse == pytest.approx(codebook_mse(128, bits), rel=0.03)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_turbo_mse_near_optimum_every_head_dim(d, bits):
+    x = _unit(4000, d, seed=d + bits)
+    xh = dequantize_kv(quantize_kv(x, KVQuantConfig(method="turbo", bits=bits, metadata_dtype="float32")))
+    mse = float(((x - xh) ** 2).sum(-1).mean())
+    assert mse == pytest.approx(codebook_mse(d, bits), rel=0.08)
+
+
+@given(d=st.sampled_from(HEAD_DIMS), bits=st.sampled_from(BITS), rows=st.integers(1, 17),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       magnitude=st.sampled_from([1e-2, 1.0, 50.0]), seed=st.integers(0, 2**31 - 1))
+def test_turbo_is_scale_invariant_and_keeps_shape(d, bits, rows, dtype, magnitude, seed):
+    x = torch.randn(rows, d, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    cfg = KVQuantConfig(method="turbo", bits=bits, metadata_dtype="float32")
+    a = quantize_kv(x, cfg)
+    b = quantize_kv((x.double() * 4.0).to(dtype), cfg)  # a power of two: exact in every dtype
+    assert torch.equal(a.codes, b.codes)
+    xh = dequantize_kv(a)
+    assert xh.shape == x.shape and xh.dtype == dtype
+    rel = ((xh.double() - x.double()).norm(dim=-1) / x.double().norm(dim=-1)).pow(2).mean()
+    assert rel < 3 * codebook_mse(d, bits) + 1e-2 * (dtype != torch.float32)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_elements_do_not_poison_the_vector(bad):
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4))
+    poisoned = x.clone()
+    poisoned[1, 17] = bad
+    clean = x.clone()
+    clean[1, 17] = 0.0
+    cfg = KVQuantConfig(method="turbo", bits=4)
+    a, b = quantize_kv(poisoned, cfg), quantize_kv(clean, cfg)
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.meta, b.meta)
+    assert int(a.nonfinite) == 1
+    xh = dequantize_kv(a)
+    assert bool(torch.isfinite(xh).all())
+    torch.testing.assert_close(a.meta[1, 0].float(), clean[1].norm(), rtol=1e-3, atol=0)
+    # documented: it decodes to about 0, within the vector's own quantization error
+    assert abs(float(xh[1, 17])) < 4 * float(clean[1].norm()) * math.sqrt(codebook_mse(128, 4) / 128)
+
+
+def test_zero_vector_decodes_to_zero():
+    xh = dequantize_kv(quantize_kv(torch.zeros(2, 64), KVQuantConfig(method="turbo", bits=2)))
+    assert torch.equal(xh, torch.zeros(2, 64))
