@@ -1,0 +1,299 @@
+"""The quantized KV storage: a tensor that looks like a dense ``[..., S, D]`` cache to model code.
+
+:class:`QuantizedCacheTensor` is a traceable wrapper subclass holding two inner tensors —
+``codes`` (uint8, packed along head_dim) and ``meta`` (scales/zeros or norms, flattened to
+``[..., M]``). Model code keeps doing what it did to its cache and the subclass maps it:
+
+* **writes** (``index_copy_``, ``index_put_`` / ``k[:, :, pos] = k_new``, ``copy_`` into a
+  slice, ``torch.cat([cache, k_new], -2)``) quantize the new rows with the oracle's
+  numerics — plain aten ops, so Inductor fuses them into the producer of ``k_new`` — and
+  write only those rows of ``codes``/``meta`` (no copy of the cache);
+* **views** that leave head_dim alone (slice, select, unsqueeze, expand, transpose of
+  leading dims, view/reshape keeping the last dim) become the same views of ``codes`` and
+  ``meta``, so a write through them lands in the cache;
+* **attention** (``F.scaled_dot_product_attention`` with a quantized K or V) becomes one
+  ``torch.ops.turboquant.attention`` call on the raw buffers;
+* **other reads** decode to a dense tensor (correct, not fast; the compiler pass rewrites
+  the attention patterns it knows so this does not happen on the hot path);
+* anything that would lose a write — an in-place op it does not know, a view that slices
+  head_dim — raises ``NotImplementedError`` instead of silently writing to a temporary.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_map
+
+from .config import TensorQuantSpec
+from .ops import decode_buffers, spec_args
+from .quant.packed import encode, metadata_shape
+from .quant.packing import pack_codes, packed_size
+
+__all__ = ["QuantizedCacheTensor", "is_quantized_cache"]
+
+aten = torch.ops.aten
+
+# views whose dim argument (2nd positional) must not be head_dim; applied to codes and meta alike
+_DIM_VIEWS = {aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim}
+# views taking a full size list whose last entry is head_dim
+_SIZE_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default}
+_PASSTHROUGH_VIEWS = {aten.alias.default, aten.detach.default}
+
+
+def is_quantized_cache(x) -> bool:
+    return isinstance(x, QuantizedCacheTensor)
+
+
+class QuantizedCacheTensor(torch.Tensor):
+    """A K or V cache ``[..., D]`` stored as packed codes + metadata (see module doc).
+
+    Build one with :meth:`empty` (preallocated caches) or :meth:`from_dense`.
+    """
+
+    codes: torch.Tensor
+    meta: torch.Tensor
+    spec: TensorQuantSpec
+    head_dim: int
+
+    @staticmethod
+    def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
+                dtype: torch.dtype):
+        shape = (*codes.shape[:-1], head_dim)
+        # mirror the codes' layout (expanded, transposed, sliced leading dims) so that model
+        # code's reshape/contiguous decisions on the cache match what the buffers can do
+        width = codes.shape[-1]
+        strides = (*(st // width * head_dim for st in codes.stride()[:-1]), 1)
+        return torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides, dtype=dtype,
+                                                   device=codes.device, requires_grad=False)
+
+    def __init__(self, codes, meta, spec, head_dim, dtype):
+        self.codes = codes
+        self.meta = meta
+        self.spec = spec
+        self.head_dim = head_dim
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape, spec: TensorQuantSpec, *, dtype=torch.bfloat16, device=None) -> "QuantizedCacheTensor":
+        """A zero-filled cache of dense shape ``shape`` (decodes to zeros)."""
+        *lead, d = shape
+        spec.check_head_dim(d)
+        codes = torch.zeros(*lead, packed_size(d, spec.bits), dtype=torch.uint8, device=device)
+        meta_width = _meta_width(spec, d)
+        meta = torch.zeros(*lead, meta_width, dtype=spec.metadata_dtype, device=device)
+        return cls(codes, meta, spec, d, dtype)
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor, spec: TensorQuantSpec) -> "QuantizedCacheTensor":
+        codes, meta = _encode_rows(x, spec)
+        return cls(codes, meta, spec, x.shape[-1], x.dtype)
+
+    # -- tracing support ---------------------------------------------------------------
+    def __tensor_flatten__(self):
+        return ["codes", "meta"], (self.spec, self.head_dim, self.dtype)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        spec, head_dim, dtype = ctx
+        return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype)
+
+    def _stable_hash_for_caching(self) -> str:
+        return f"turboquant.QuantizedCacheTensor:{self.spec}:{self.head_dim}:{self.dtype}"
+
+    def __repr__(self):
+        return (f"QuantizedCacheTensor(shape={tuple(self.shape)}, dtype={self.dtype}, method={self.spec.method}, "
+                f"bits={self.spec.bits}, nbytes={self.quantized_nbytes})")
+
+    @property
+    def quantized_nbytes(self) -> int:
+        """Bytes of codes plus metadata (what this cache really holds)."""
+        return self.codes.numel() * self.codes.element_size() + self.meta.numel() * self.meta.element_size()
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        return decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype or self.dtype)
+
+    # -- dispatch ------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _sdpa(*args, **kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            return handler(func, *args, **kwargs)
+        if func in _PASSTHROUGH_VIEWS:
+            return _same_view(args[0], lambda t: func(t))
+        if func in _DIM_VIEWS:
+            return _dim_view(func, *args, **kwargs)
+        if func in _SIZE_VIEWS:
+            return _size_view(func, *args, **kwargs)
+        if func.is_view or _mutates_a_cache(func, args, kwargs):
+            raise NotImplementedError(
+                f"turboquant: {func} on a quantized KV cache is not supported (it would write to or alias a "
+                "dequantized copy and lose the write); quantize this model with turboquant.compile(..., "
+                "exclude=...) or report the model")
+        # a read: decode the caches and run it dense
+        return func(*tree_map(_dense, args), **tree_map(_dense, kwargs))
+
+
+def _meta_width(spec: TensorQuantSpec, d: int) -> int:
+    shape = metadata_shape(spec, d)
+    return shape[0] * (shape[1] if len(shape) > 1 else 1)
+
+
+def _encode_rows(x: torch.Tensor, spec: TensorQuantSpec):
+    """Quantize dense rows to (packed codes, flat meta)."""
+    codes, meta = encode(x, spec)
+    return pack_codes(codes, spec.bits), meta.reshape(*x.shape[:-1], -1)
+
+
+def _dense(x):
+    return x.dequantize() if isinstance(x, QuantizedCacheTensor) else x
+
+
+def _like(t: QuantizedCacheTensor, codes, meta) -> QuantizedCacheTensor:
+    return QuantizedCacheTensor(codes, meta, t.spec, t.head_dim, t.dtype)
+
+
+def _same_view(t, fn):
+    return _like(t, fn(t.codes), fn(t.meta))
+
+
+def _not_head_dim(t, dim: int, what) -> int:
+    dim = dim % t.dim() if t.dim() else 0
+    if dim == t.dim() - 1:
+        raise NotImplementedError(f"turboquant: {what} along head_dim of a quantized KV cache is not supported "
+                                  "(codes are packed along it)")
+    return dim
+
+
+def _dim_view(func, t, dim, *rest, **kw):
+    dim = _not_head_dim(t, dim, func)
+    return _same_view(t, lambda x: func(x, dim, *rest, **kw))
+
+
+def _size_view(func, t, size, *rest, **kw):
+    size = list(size)
+    if size and size[-1] not in (-1, t.head_dim):
+        raise NotImplementedError(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
+    return _like(t, func(t.codes, size[:-1] + [t.codes.shape[-1]], *rest, **kw),
+                 func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw))
+
+
+def _mutates_a_cache(func, args, kwargs) -> bool:
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            val = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(val, QuantizedCacheTensor):
+                return True
+    return False
+
+
+def _rows_for(dst: QuantizedCacheTensor, src) -> tuple:
+    """Encoded (codes, meta) of ``src`` for writing into ``dst``'s spec."""
+    if isinstance(src, QuantizedCacheTensor):
+        if src.spec != dst.spec:
+            src = src.dequantize()
+        else:
+            return src.codes, src.meta
+    return _encode_rows(src.to(dst.dtype) if src.dtype != dst.dtype else src, dst.spec)
+
+
+def _copy_(func, dst, src, non_blocking=False):
+    codes, meta = _rows_for(dst, src.expand(dst.shape) if not isinstance(src, QuantizedCacheTensor) else src)
+    dst.codes.copy_(codes)
+    dst.meta.copy_(meta)
+    return dst
+
+
+def _index_copy_(func, dst, dim, index, src):
+    dim = _not_head_dim(dst, dim, "index_copy_")
+    codes, meta = _rows_for(dst, src)
+    dst.codes.index_copy_(dim, index, codes)
+    dst.meta.index_copy_(dim, index, meta)
+    return dst
+
+
+def _index_put_(func, dst, indices, values, accumulate=False):
+    if accumulate:
+        raise NotImplementedError("turboquant: index_put_(accumulate=True) on a quantized KV cache")
+    if len(indices) >= dst.dim():
+        raise NotImplementedError("turboquant: indexing head_dim of a quantized KV cache is not supported")
+    target = list(dst.shape[:len(indices)])
+    # the shape of the indexed region: broadcast index shape, then the remaining dims
+    probe = torch.empty(target, device="meta")[tuple(slice(None) if i is None else i.to("meta") for i in indices)]
+    values = values.expand(*probe.shape, *dst.shape[len(indices):]) if not isinstance(values, QuantizedCacheTensor) \
+        else values
+    codes, meta = _rows_for(dst, values)
+    func(dst.codes, indices, codes)
+    func(dst.meta, indices, meta)
+    return dst
+
+
+def _zero_(func, dst):
+    dst.codes.zero_()
+    dst.meta.zero_()
+    return dst
+
+
+def _cat(func, tensors, dim=0):
+    first = next(t for t in tensors if isinstance(t, QuantizedCacheTensor))
+    dim = _not_head_dim(first, dim, "cat")
+    parts = [_rows_for(first, t) for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    return _like(first, torch.cat([c for c, _ in parts], dim), torch.cat([m for _, m in parts], dim))
+
+
+def _clone(func, t, memory_format=None, **kw):
+    return _same_view(t, lambda x: x.clone(memory_format=torch.contiguous_format))
+
+
+def _to_copy(func, t, dtype=None, device=None, **kw):
+    if dtype is not None and dtype != t.dtype:
+        return func(t.dequantize(), dtype=dtype, device=device, **kw)
+    return _like(t, t.codes.to(device=device), t.meta.to(device=device)) if device is not None else _clone(func, t)
+
+
+def _transpose(func, t, d0, d1):
+    d0, d1 = _not_head_dim(t, d0, "transpose"), _not_head_dim(t, d1, "transpose")
+    return _same_view(t, lambda x: x.transpose(d0, d1))
+
+
+def _permute(func, t, dims):
+    dims = [d % t.dim() for d in dims]
+    if dims[-1] != t.dim() - 1:
+        raise NotImplementedError("turboquant: a permute moving head_dim of a quantized KV cache is not supported")
+    return _same_view(t, lambda x: x.permute(dims))
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if not (isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor)) or dropout_p:
+        return F.scaled_dot_product_attention(_dense(query), _dense(key), _dense(value), attn_mask=attn_mask,
+                                              dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                              enable_gqa=enable_gqa)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
+                                          is_causal, scale, spec_args(key.spec), spec_args(value.spec),
+                                          key.head_dim, value.head_dim)
+
+
+_HANDLERS = {
+    aten.copy_.default: _copy_,
+    aten.index_copy_.default: _index_copy_,
+    aten.index_put_.default: _index_put_,
+    aten.zero_.default: _zero_,
+    aten.cat.default: _cat,
+    aten.clone.default: _clone,
+    aten._to_copy.default: _to_copy,
+    aten.transpose.int: _transpose,
+    aten.permute.default: _permute,
+}

@@ -1,0 +1,62 @@
+"""turboquant's custom ops: attention over packed codes (the op the compiled graph calls).
+
+``torch.ops.turboquant.attention`` takes the raw buffers of the quantized K and V caches
+(codes + metadata) and the quantization settings as plain arguments, so a compiled graph
+holds one opaque node per attention that a device-specific kernel can implement. The CPU
+implementation decodes with the oracle's own functions and attends in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .config import TensorQuantSpec
+from .quant.packed import decode
+from .quant.packing import unpack_codes
+
+__all__ = ["attention", "spec_args", "decode_buffers"]
+
+_METHOD_IDS = {"affine": 0, "turbo": 1}
+_METHODS = {v: k for k, v in _METHOD_IDS.items()}
+_META_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def spec_args(spec: TensorQuantSpec) -> list:
+    """A spec as the int/float arguments a custom op can take."""
+    return [_METHOD_IDS[spec.method], spec.bits, spec.group_size or 0, spec.seed,
+            _META_DTYPES.index(spec.metadata_dtype)]
+
+
+def _spec_from_args(args) -> TensorQuantSpec:
+    method, bits, group, seed, meta = args
+    return TensorQuantSpec(method=_METHODS[method], bits=bits, group_size=group or None, clip_percentile=None,
+                           metadata_dtype=_META_DTYPES[meta], seed=seed)
+
+
+def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Dense ``[..., head_dim]`` from packed ``codes [..., P]`` and flat ``meta [..., M]``."""
+    c = unpack_codes(codes, spec.bits, head_dim)
+    m = meta if spec.method == "turbo" else meta.unflatten(-1, (-1, 2))
+    return decode(c, m, spec, dtype)
+
+
+@torch.library.custom_op("turboquant::attention", mutates_args=())
+def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
+              v_meta: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+              k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int) -> torch.Tensor:
+    """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv)."""
+    k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
+    v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
+    mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
+    out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.to(q.dtype)
+
+
+@attention.register_fake
+def _(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim, v_head_dim):
+    return q.new_empty((*q.shape[:-1], v_head_dim))
