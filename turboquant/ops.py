@@ -54,7 +54,7 @@ def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_co
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
     out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])
-    return out.to(q.dtype)
+    return out.to(q.dtype).contiguous()
 
 
 @attention.register_fake

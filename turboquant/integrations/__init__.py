@@ -1,0 +1,1 @@
+"""Where turboquant meets cache objects owned by other libraries (transformers)."""

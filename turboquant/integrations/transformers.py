@@ -1,0 +1,87 @@
+"""Quantized storage for transformers' cache objects (``DynamicCache``, ``StaticCache``, …).
+
+transformers allocates a layer's K/V tensors lazily, in ``layer.lazy_initialization``, on the
+first ``update``. We tag each layer of a cache that reaches a turboquant-compiled model and
+wrap that method on the instance: right after it runs, the dense tensors are replaced by
+:class:`~turboquant.cache.QuantizedCacheTensor` (empty for growing caches, zero-filled for
+preallocated ones). From then on the layer's own ``update`` code — ``torch.cat`` or
+``index_copy_`` — writes quantized rows through the subclass. The dense preallocation of a
+static layer is released at once (one layer's worth exists for an instant).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ..cache import QuantizedCacheTensor
+from ..config import KVQuantConfig
+
+__all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache"]
+
+
+def is_hf_model(model) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def is_hf_cache(obj) -> bool:
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:
+        return False
+    return isinstance(obj, Cache)
+
+
+def new_dynamic_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec) -> QuantizedCacheTensor:
+    if isinstance(x, QuantizedCacheTensor):
+        return x
+    if x.dim() == 1 and x.numel() == 0:  # DynamicLayer's empty start: [B, H, 0, D]
+        shape = (*like.shape[:-2], 0, like.shape[-1])
+        return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device)
+    if not bool(x.any()):  # preallocated zeros: never quantize them, just allocate codes
+        return QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device)
+    return QuantizedCacheTensor.from_dense(x, spec)
+
+
+def _convert_layer(layer, config: KVQuantConfig, key_states, value_states) -> None:
+    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"))
+    layer.values = _to_quantized(layer.values, value_states, config.spec("v"))
+
+
+def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
+    """Make every layer of an HF ``cache`` store quantized K/V; returns how many layers were tagged.
+
+    ``config_for_layer(i)`` gives the layer's config, or ``None`` to keep it dense.
+    Already-initialized dense layers are quantized from their current content.
+    """
+    tagged = 0
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        if getattr(layer, "_turboquant_config", None) is not None:
+            continue
+        config = config_for_layer(i)
+        if config is None:
+            continue
+        layer._turboquant_config = config
+        original = layer.lazy_initialization
+
+        @torch.compiler.disable
+        def lazy_initialization(key_states, value_states, _orig=original, _layer=layer, _cfg=config):
+            _orig(key_states, value_states)
+            _convert_layer(_layer, _cfg, key_states, value_states)
+
+        layer.lazy_initialization = lazy_initialization
+        if getattr(layer, "is_initialized", False) and isinstance(getattr(layer, "keys", None), torch.Tensor):
+            _convert_layer(layer, config, layer.keys, layer.values)
+        tagged += 1
+    return tagged

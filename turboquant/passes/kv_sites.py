@@ -1,0 +1,159 @@
+"""Find the KV-cache writes and the attention reads in a Dynamo graph, and link them per layer.
+
+A static cache's write and read are not connected by a data edge (both use the cache
+placeholder, DESIGN.md §3), so this is a graph walk, not a pattern match: every attention
+read is followed back through view-like ops to its root — a placeholder (preallocated cache,
+module buffer) or a ``torch.cat`` on one (growing cache) — and the writes found on the same
+root are attached to it.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+__all__ = ["CacheSite", "LayerSites", "find_kv_sites", "SDPA_TARGETS"]
+
+SDPA_TARGETS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+# ops that keep the identity of the cache they read (views, GQA expansion, dtype casts)
+_PASS_THROUGH_METHODS = {"view", "reshape", "expand", "transpose", "permute", "contiguous", "clone", "to",
+                         "unsqueeze", "squeeze", "repeat_interleave", "narrow", "__getitem__", "type_as",
+                         "float", "half", "bfloat16", "detach", "flatten", "unflatten"}
+_PASS_THROUGH_FUNCTIONS = {operator.getitem, torch.transpose, torch.repeat_interleave, torch.reshape,
+                           torch.narrow, torch.unsqueeze, torch.flatten, torch.permute, torch.squeeze}
+_WRITE_METHODS = {"index_copy_", "index_put_", "copy_", "index_fill_", "masked_scatter_", "scatter_"}
+
+
+@dataclass
+class CacheSite:
+    """One cache tensor (K or V of one layer) as the graph sees it."""
+
+    node: str                  # the placeholder's name
+    source: str                # where Dynamo found it, e.g. "L['past_key_values'].layers[0].keys"
+    role: str                  # "k" or "v"
+    writes: List[str] = field(default_factory=list)   # e.g. ["index_copy_"], ["setitem"], ["cat"]
+    reads: List[str] = field(default_factory=list)    # "sdpa" or "eager"
+
+
+@dataclass
+class LayerSites:
+    """The K and V cache sites one attention read links together."""
+
+    layer: int
+    k: CacheSite
+    v: CacheSite
+    read: str                  # "sdpa" or "eager"
+    attention_node: str
+
+
+def _source_name(node: fx.Node) -> str:
+    src = node.meta.get("_dynamo_source") or getattr(node, "_dynamo_source", None)
+    if src is not None and hasattr(src, "name"):
+        name = src.name
+        return name() if callable(name) else str(name)
+    grapharg = node.meta.get("grapharg")
+    if grapharg is not None and getattr(grapharg, "source", None) is not None:
+        return grapharg.source.name
+    return node.name
+
+
+def _root(node, seen=None) -> Optional[fx.Node]:
+    """The placeholder (or the ``cat`` on a placeholder) a tensor is a view/expansion of."""
+    for _ in range(64):
+        if not isinstance(node, fx.Node):
+            return None
+        if node.op == "placeholder":
+            return node
+        if node.op == "call_function" and node.target is torch.cat:
+            parts = node.args[0] if node.args else node.kwargs.get("tensors")
+            first = _root(parts[0]) if parts else None
+            return node if first is not None and first.op == "placeholder" else None
+        if node.op == "call_method" and node.target in _PASS_THROUGH_METHODS:
+            node = node.args[0]
+            continue
+        if node.op == "call_function" and node.target in _PASS_THROUGH_FUNCTIONS:
+            node = node.args[0]
+            continue
+        return None
+    return None
+
+
+def _placeholder_of(root: fx.Node) -> fx.Node:
+    if root.op == "placeholder":
+        return root
+    return _root(root.args[0][0] if root.args else root.kwargs["tensors"][0])
+
+
+def _write_target(node: fx.Node):
+    """(written tensor node, kind) if ``node`` writes into a tensor, else None."""
+    if node.op == "call_method" and node.target in _WRITE_METHODS:
+        return node.args[0], node.target
+    if node.op == "call_function" and node.target is operator.setitem:
+        return node.args[0], "setitem"
+    if node.op == "call_function" and getattr(node.target, "__name__", "") in _WRITE_METHODS:
+        return node.args[0], node.target.__name__
+    if node.op == "call_function" and node.target is torch.cat:
+        parts = node.args[0] if node.args else node.kwargs.get("tensors")
+        return (parts[0], "cat") if parts else None
+    return None
+
+
+def _eager_attention(node: fx.Node):
+    """For ``softmax(...) @ v`` built on ``q @ k.transpose``: (k, v) nodes, else None."""
+    if not (node.op == "call_function" and node.target in (torch.matmul, operator.matmul)):
+        return None
+    p, v = node.args[:2]
+    # walk back from the probabilities to the score matmul (dropout, casts, softmax in between)
+    for _ in range(12):
+        if not isinstance(p, fx.Node):
+            return None
+        if p.op == "call_function" and p.target in (torch.matmul, operator.matmul):
+            kt = p.args[1]
+            if isinstance(kt, fx.Node) and (
+                    (kt.op == "call_method" and kt.target in ("transpose", "mT"))
+                    or (kt.op == "call_function" and kt.target is torch.transpose)):
+                return kt.args[0], v
+            return None
+        p = p.args[0] if p.args else None
+    return None
+
+
+def find_kv_sites(gm: fx.GraphModule) -> List[LayerSites]:
+    """Every attention read whose K and V lead back to cache tensors, with the writes into them."""
+    writes: Dict[fx.Node, List[str]] = {}
+    for node in gm.graph.nodes:
+        hit = _write_target(node)
+        if hit is not None:
+            root = _root(hit[0])
+            if root is not None:
+                writes.setdefault(_placeholder_of(root), []).append(hit[1])
+
+    layers: List[LayerSites] = []
+    for node in gm.graph.nodes:
+        kv, read = None, None
+        if node.op == "call_function" and node.target in SDPA_TARGETS:
+            k = node.args[1] if len(node.args) > 1 else node.kwargs.get("key")
+            v = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
+            kv, read = (k, v), "sdpa"
+        else:
+            pair = _eager_attention(node)
+            if pair is not None:
+                kv, read = pair, "eager"
+        if kv is None:
+            continue
+        roots = [_root(x) for x in kv]
+        if any(r is None for r in roots):
+            continue
+        ph = [_placeholder_of(r) for r in roots]
+        if not (writes.get(ph[0]) and writes.get(ph[1])):
+            continue  # attention over tensors nobody writes: not a cache (e.g. cross-attention states)
+        sites = [CacheSite(node=p.name, source=_source_name(p), role=role, writes=list(writes[p]), reads=[read])
+                 for p, role in zip(ph, ("k", "v"))]
+        layers.append(LayerSites(layer=len(layers), k=sites[0], v=sites[1], read=read, attention_node=node.name))
+    return layers

@@ -1,0 +1,276 @@
+"""``turboquant.compile(model)`` and the ``"turboquant"`` torch.compile backend.
+
+How a cache becomes quantized (details in docs/design.md):
+
+1. The backend runs :func:`~turboquant.passes.find_kv_sites` on every Dynamo graph: each
+   attention read (SDPA or the eager matmul-softmax-matmul) is linked to the K/V cache
+   tensors it reads and the writes into them.
+2. A cache that is already a :class:`~turboquant.cache.QuantizedCacheTensor` needs nothing
+   more: its writes quantize on the fly and SDPA over it is one ``turboquant::attention``.
+3. A dense cache found in the graph (a module buffer, a transformers cache layer) is
+   swapped at its owner for a quantized copy right after this call, which runs unchanged;
+   Dynamo's guards then recompile the next call with the quantized storage.
+4. Anything else runs unchanged and a warning (once) says which layer and why.
+
+``turboquant.compile`` adds what a backend cannot do: transformers caches are quantized
+from their creation (no dense cache is ever filled), ``model.forward`` is replaced so that
+``model.generate`` runs the compiled quantized path, and transformers' own auto-compile of
+the decode step is turned off (the forward is compiled already).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from .cache import QuantizedCacheTensor
+from .compat import dynamo_counters, inductor_compile
+from .config import KVQuantConfig
+from .integrations import transformers as hf
+from .passes import find_kv_sites
+
+__all__ = ["compile", "turboquant_backend", "report", "CompileState", "cache_nbytes"]
+
+_COMPILE_KWARGS = ("mode", "fullgraph", "dynamic")
+_WARNED: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(f"turboquant: {msg}", stacklevel=3)
+
+
+@dataclass
+class LayerReport:
+    layer: int
+    k_source: str
+    v_source: str
+    write: str
+    read: str
+    status: str            # "quantized", "swapped", "dense"
+    reason: str = ""
+
+
+@dataclass
+class CompileState:
+    """What turboquant did to one model (or one torch.compile call): config and per-layer report."""
+
+    config: KVQuantConfig
+    mode: Optional[str] = None
+    graphs: int = 0
+    layers: Dict[str, LayerReport] = field(default_factory=dict)
+
+    def record(self, row: LayerReport) -> None:
+        key = row.k_source
+        old = self.layers.get(key)
+        if old is None or old.status != "quantized":  # once quantized, a layer stays reported so
+            self.layers[key] = row
+
+
+def _owner_slots(t: torch.Tensor):
+    """(dict, key) pairs holding ``t`` as an object attribute or a module buffer, found through the GC.
+
+    Only an object's ``__dict__`` or a module's ``_buffers`` count: frames, kwargs and other
+    containers that happen to hold the tensor are left alone.
+    """
+    slots = []
+    for ref in gc.get_referrers(t):
+        if not isinstance(ref, dict):
+            continue
+        owned = any(getattr(o, "__dict__", None) is ref or (isinstance(o, dict) and o.get("_buffers") is ref)
+                    for o in gc.get_referrers(ref))
+        if owned:
+            slots.extend((ref, key) for key, val in ref.items() if val is t and isinstance(key, str))
+    return slots
+
+
+def _swap(t: torch.Tensor, spec) -> bool:
+    slots = _owner_slots(t)
+    if not slots:
+        return False
+    q = QuantizedCacheTensor.from_dense(t, spec)
+    for d, key in slots:
+        d[key] = q
+    return True
+
+
+def _analyze(gm, example_inputs, state: CompileState):
+    """Run the pass; returns the dense cache tensors to swap after this call, with their specs."""
+    counters = dynamo_counters()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    by_name = {n.name: ex for n, ex in zip(placeholders, example_inputs)}
+    to_swap = []
+    for site in find_kv_sites(gm):
+        tensors = [by_name.get(site.k.node), by_name.get(site.v.node)]
+        write = "/".join(sorted(set(site.k.writes)))
+        row = dict(layer=site.layer, k_source=site.k.source, v_source=site.v.source, write=write, read=site.read)
+        if all(isinstance(t, QuantizedCacheTensor) for t in tensors):
+            counters["turboquant"]["layers_quantized"] += 1
+            state.record(LayerReport(status="quantized", **row))
+        elif all(isinstance(t, torch.Tensor) and not isinstance(t, QuantizedCacheTensor) for t in tensors):
+            to_swap.append((site, tensors))
+            state.record(LayerReport(status="swapped", **row))
+        else:
+            reason = "its K/V are not tensors the graph receives as inputs"
+            _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
+            state.record(LayerReport(status="dense", reason=reason, **row))
+    if not to_swap and not any(r.status == "quantized" for r in state.layers.values()):
+        _warn_once("no KV-cache write feeding an attention was found in the captured graph; the model runs "
+                   "unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ and read "
+                   "by scaled_dot_product_attention or matmul-softmax-matmul)")
+    return to_swap
+
+
+def _swap_after(compiled, to_swap, state: CompileState):
+    done = []
+
+    def run(*args):
+        out = compiled(*args)
+        if not done:
+            done.append(True)
+            counters = dynamo_counters()
+            for site, tensors in to_swap:
+                ok = all(_swap(t, state.config.spec(role)) for t, role in zip(tensors, ("k", "v")))
+                if ok:
+                    counters["turboquant"]["caches_swapped"] += 2
+                else:
+                    reason = "no owner (module buffer or object attribute) holds the cache tensor"
+                    _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
+                    state.record(LayerReport(site.layer, site.k.source, site.v.source, "/".join(site.k.writes),
+                                             site.read, "dense", reason))
+        return out
+
+    return run
+
+
+def _backend(gm, example_inputs, state: CompileState):
+    state.graphs += 1
+    dynamo_counters()["turboquant"]["graphs"] += 1
+    to_swap = _analyze(gm, example_inputs, state)
+    if to_swap:
+        # this call runs as captured (dense) and the caches are swapped after it; the next call
+        # fails Dynamo's type guards and recompiles with quantized storage, so no point compiling this one
+        return _swap_after(gm.forward, to_swap, state)
+    return inductor_compile(gm, example_inputs, mode=state.mode)
+
+
+def turboquant_backend(gm, example_inputs, mode=None, options=None):
+    """The ``"turboquant"`` torch.compile backend: ``torch.compile(m, backend="turboquant", options={...})``.
+
+    ``options`` are :class:`~turboquant.KVQuantConfig` fields (``bits``, ``method``, …).
+    Prefer :func:`turboquant.compile`, which also quantizes transformers caches from creation.
+    """
+    options = dict(options or {})
+    state = options.pop("_turboquant_state", None)
+    if state is None:
+        state = _BACKEND_STATES.get(tuple(sorted(options.items())))
+        if state is None:
+            state = CompileState(KVQuantConfig.from_kwargs(**options), mode=mode)
+            _BACKEND_STATES[tuple(sorted(options.items()))] = state
+    return _backend(gm, example_inputs, state)
+
+
+_BACKEND_STATES: Dict[tuple, CompileState] = {}
+
+
+def _kv_shape(model):
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    return kv_heads, head_dim
+
+
+def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
+    """Give the call a quantized transformers cache, initialized before the compiled region."""
+    cache = kwargs.get(cache_arg)
+    if cache is None:
+        if kwargs.get("use_cache") is False or not getattr(model.config, "use_cache", True):
+            return
+        cache = kwargs[cache_arg] = hf.new_dynamic_cache(model)
+    if not hf.is_hf_cache(cache):
+        return
+    hf.quantize_cache(cache, lambda i: state.config)
+    layers = getattr(cache, "layers", [])
+    if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        batch = (ids if ids is not None else embeds).shape[0]
+        kv_heads, head_dim = _kv_shape(model)
+        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
+
+
+def compile(model, bits: int = 4, **options):
+    """Quantize ``model``'s KV cache and compile it; returns the model, used as before.
+
+    Args:
+        model: an ``nn.Module`` whose forward writes a KV cache and attends over it —
+            a transformers model (``DynamicCache``/``StaticCache``, ``generate`` included),
+            or a model with cache buffers (gpt-fast, Meta llama style).
+        bits: code width of K and V (2, 3, 4, 8).
+        **options: :class:`~turboquant.KVQuantConfig` fields (``method``, ``k_bits``,
+            ``v_bits``, ``group_size``, ``clip_percentile``, ``metadata_dtype``, ``seed``) and
+            torch.compile's ``mode``, ``fullgraph``, ``dynamic``.
+
+    Raises:
+        ValueError: an unknown option or an invalid value, before anything is traced.
+
+    ``turboquant.report(model)`` then tells which layers were rewritten and how.
+    """
+    compile_kwargs = {k: options.pop(k) for k in _COMPILE_KWARGS if k in options}
+    config = KVQuantConfig.from_kwargs(bits=bits, **options)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"turboquant.compile expects an nn.Module, got {type(model).__name__}")
+    state = CompileState(config, mode=compile_kwargs.get("mode"))
+    backend = functools.partial(_backend, state=state)
+    original = model.forward
+    compiled = torch.compile(original, backend=backend, fullgraph=compile_kwargs.get("fullgraph", False),
+                             dynamic=compile_kwargs.get("dynamic"))
+    is_hf = hf.is_hf_model(model)
+    # transformers renamed past_key_values to cache (5.2x); take whichever this forward has
+    params = inspect.signature(original).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        if is_hf:
+            _prepare_hf_cache(model, state, cache_arg, args, kwargs)
+        return compiled(*args, **kwargs)
+
+    model.forward = forward
+    model._turboquant = state
+    if is_hf and getattr(model, "generation_config", None) is not None:
+        model.generation_config.disable_compile = True  # the forward is compiled already
+    return model
+
+
+def cache_nbytes(obj) -> Dict[str, int]:
+    """``{"quantized": bytes held, "dense": bytes the same caches take in their dtype}``.
+
+    ``obj``: a transformers cache, a module (its buffers), or a list of tensors.
+    """
+    if hf.is_hf_cache(obj):
+        tensors = [t for layer in obj.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    elif isinstance(obj, torch.nn.Module):
+        tensors = list(obj.buffers())
+    else:
+        tensors = list(obj)
+    q = [t for t in tensors if isinstance(t, QuantizedCacheTensor)]
+    return {"quantized": sum(t.quantized_nbytes for t in q),
+            "dense": sum(t.numel() * t.element_size() for t in q)}
+
+
+def report(model) -> List[LayerReport]:
+    """Per-layer record of what turboquant did to ``model`` (after at least one call)."""
+    state: Optional[CompileState] = getattr(model, "_turboquant", None)
+    if state is None:
+        raise ValueError("this model was not compiled with turboquant.compile")
+    return sorted(state.layers.values(), key=lambda r: (r.layer, r.k_source))
