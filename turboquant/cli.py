@@ -23,6 +23,18 @@ def _distortion(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    from .demo import run_demo
+
+    rows = run_demo(args.model, bits=args.bits, method=args.method, prompt_len=args.prompt_len,
+                    new_tokens=args.new_tokens, batch=args.batch)
+    print(f"Greedy generation, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, batch {args.batch} "
+          f"({'model ' + args.model if args.model else 'default random-weight Llama-architecture model'}; "
+          "turboquant settings compiled with turboquant.compile, baseline eager)")
+    print(format_table(rows, ["setting", "cache_bytes", "ratio_vs_dense", "tokens_per_s", "token_agreement"]))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tq", description="turboquant: quantized KV caches for PyTorch models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -34,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--csv", default="", help="also write the table to this CSV file")
     d.set_defaults(func=_distortion)
+    m = sub.add_parser("demo", help="generate with and without a quantized KV cache and compare")
+    m.add_argument("--model", default=None, help="a local transformers checkpoint (default: a small built-in model)")
+    m.add_argument("--bits", type=int, nargs="+", default=[8, 4, 3])
+    m.add_argument("--method", default="affine", choices=["affine", "turbo"])
+    m.add_argument("--prompt-len", type=int, default=64)
+    m.add_argument("--new-tokens", type=int, default=32)
+    m.add_argument("--batch", type=int, default=1)
+    m.set_defaults(func=_demo)
     return p
 
 

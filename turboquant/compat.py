@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["inductor_compile", "dynamo_counters", "is_compiling"]
+__all__ = ["inductor_compile", "dynamo_counters", "is_compiling", "run_and_get_code", "tracing_with_fake_tensors",
+           "real_tolist"]
 
 
 def dynamo_counters():
@@ -26,3 +27,25 @@ def inductor_compile(gm, example_inputs, mode=None):
 
 def is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def run_and_get_code(fn, *args, **kwargs):
+    """(result, [generated source, ...]) of a compiled call (Inductor's test utility)."""
+    from torch._inductor.utils import run_and_get_code as _run
+
+    return _run(fn, *args, **kwargs)
+
+
+def tracing_with_fake_tensors() -> bool:
+    """True while AOTAutograd/Inductor trace with fake tensors (real constants must be rebuilt)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode() is not None
+
+
+def real_tolist(t):
+    """``t.tolist()`` for a real tensor, also while a fake-tensor mode is active."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return t.tolist()

@@ -59,22 +59,23 @@ def _solve(d: int, bits: int):
             break
     # symmetric density: enforce exact symmetry so that negating x negates its codes' values
     c = (c - c.flip(0)) / 2
-    cell = torch.bucketize(z, (c[1:] + c[:-1]) / 2)
-    mse = float((w * (z - c[cell]) ** 2).sum())
-    return c, mse
+    bounds = (c[1:] + c[:-1]) / 2
+    mse = float((w * (z - c[torch.bucketize(z, bounds)]) ** 2).sum())
+    return c, bounds, mse
 
+
+# The tables below are cached and shared: do not modify them in place.
 
 def lloyd_max_codebook(d: int, bits: int) -> torch.Tensor:
     """Sorted ``2**bits`` centroids (float64, in units of ``1/√d``) for head_dim ``d``."""
-    return _solve(int(d), int(bits))[0].clone()
+    return _solve(int(d), int(bits))[0]
 
 
 def codebook_boundaries(d: int, bits: int) -> torch.Tensor:
-    """The ``2**bits - 1`` decision thresholds between consecutive centroids."""
-    c = _solve(int(d), int(bits))[0]
-    return (c[1:] + c[:-1]) / 2
+    """The ``2**bits - 1`` decision thresholds between consecutive centroids (same units)."""
+    return _solve(int(d), int(bits))[1]
 
 
 def codebook_mse(d: int, bits: int) -> float:
     """Expected squared error of one rotated unit vector quantized with this codebook."""
-    return _solve(int(d), int(bits))[1]
+    return _solve(int(d), int(bits))[2]

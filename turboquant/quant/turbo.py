@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .affine import to_metadata
+from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .rotation import rotation_matrix
 
@@ -38,7 +39,7 @@ def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.
 
 def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> torch.Tensor:
     """Centroids in units of the unit vector's coordinates (already divided by ``√d``)."""
-    return (lloyd_max_codebook(d, bits) / d ** 0.5).to(device=device, dtype=dtype)
+    return as_constant(lloyd_max_codebook(d, bits), device=device, dtype=dtype) / d ** 0.5
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
@@ -49,7 +50,7 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
     norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
     unit = xw / torch.where(norm > 0, norm, torch.ones_like(norm))
     z = turbo_rotate(unit, seed) * d ** 0.5
-    bounds = codebook_boundaries(d, bits).to(device=x.device, dtype=xw.dtype)
+    bounds = as_constant(codebook_boundaries(d, bits), device=x.device, dtype=xw.dtype)
     codes = torch.bucketize(z, bounds).to(torch.uint8)
     return codes, to_metadata(norm, metadata_dtype)
 

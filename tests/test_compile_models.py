@@ -1,0 +1,170 @@
+"""turboquant.compile on real model code: transformers models from small configs, gpt-fast style buffers."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import turboquant
+from turboquant.cache import QuantizedCacheTensor
+from turboquant.compat import dynamo_counters
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=256)
+
+
+def _llama(attn="sdpa", family="llama"):
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**TINY)
+        cls = transformers.LlamaForCausalLM
+    elif family == "qwen2":
+        cfg = transformers.Qwen2Config(**TINY)
+        cls = transformers.Qwen2ForCausalLM
+    elif family == "mistral":
+        cfg = transformers.MistralConfig(**TINY)
+        cls = transformers.MistralForCausalLM
+    cfg._attn_implementation = attn
+    return cls(cfg).eval()
+
+
+def _generate(model, ids, **kw):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=12, do_sample=False, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    dynamo_counters().clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_8bit_follows_unquantized_and_cache_is_quantized(family, cache):
+    base = _llama(family=family)
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    ref = _generate(base, ids, **kw)
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    out = _generate(model, ids, **kw)
+    assert torch.equal(out, ref)
+    rows = turboquant.report(model)
+    assert len(rows) == 2 and all(r.status == "quantized" and r.read == "sdpa" for r in rows)
+    assert rows[0].write == ("cat" if cache == "dynamic" else "index_copy_")
+    assert dynamo_counters()["turboquant"]["layers_quantized"] >= 2
+
+
+def test_forward_logits_bits_and_bytes():
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = base(ids).logits
+    ratios, errs = {}, {}
+    for bits in (8, 4, 3, 2):
+        model = turboquant.compile(copy.deepcopy(base), bits=bits)
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            logits = model(ids[:, :12], cache=cache).logits
+            logits = torch.cat([logits, model(ids[:, 12:], cache=cache).logits], 1)
+        assert all(isinstance(layer.keys, QuantizedCacheTensor) for layer in cache.layers)
+        nb = turboquant.cache_nbytes(cache)
+        ratios[bits] = nb["quantized"] / nb["dense"]
+        errs[bits] = float((logits - ref).norm() / ref.norm())
+    # fp32 cache, head_dim 32, fp16 (scale, zero) per vector: (32*bits/8 + 4) / 128
+    for bits, r in ratios.items():
+        assert r == pytest.approx((32 * bits / 8 + 4) / 128)
+    assert errs[8] < 1e-2
+    assert errs[2] > 1e-3 and errs[2] > errs[4] > errs[8]
+
+
+def test_compiled_equals_eager_quantized_model():
+    base = _llama()
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(3))
+    cfg = turboquant.KVQuantConfig(method="turbo", bits=3)
+    eager_cache = transformers.DynamicCache(config=base.config)
+    turboquant.integrations.transformers.quantize_cache(eager_cache, lambda i: cfg)
+    with torch.no_grad():
+        eager = base(ids, cache=eager_cache).logits
+        model = turboquant.compile(copy.deepcopy(base), method="turbo", bits=3)
+        compiled = model(ids, cache=transformers.DynamicCache(config=base.config)).logits
+    assert float((compiled - eager).norm() / eager.norm()) < 1e-5
+
+
+def test_invalid_options_raise_before_tracing():
+    with pytest.raises(ValueError, match="bits=5"):
+        turboquant.compile(_llama(), bits=5)
+    with pytest.raises(ValueError, match="'colour'"):
+        turboquant.compile(_llama(), bits=4, colour="red")
+
+
+class GptFastAttention(nn.Module):
+    def __init__(self, dim=64, heads=4, kv_heads=2, head_dim=32, max_len=40):
+        super().__init__()
+        self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, dim, bias=False)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.register_buffer("k_cache", torch.zeros(1, kv_heads, max_len, head_dim))
+        self.register_buffer("v_cache", torch.zeros(1, kv_heads, max_len, head_dim))
+
+    def forward(self, x, input_pos, mask):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        self.k_cache[:, :, input_pos] = k
+        self.v_cache[:, :, input_pos] = v
+        g = self.heads // self.kv_heads
+        y = F.scaled_dot_product_attention(q, self.k_cache.repeat_interleave(g, dim=1),
+                                           self.v_cache.repeat_interleave(g, dim=1), attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class GptFast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([GptFastAttention(), GptFastAttention()])
+
+    def forward(self, x, input_pos):
+        mask = (torch.arange(40)[None, :] <= input_pos[:, None])[None, None]
+        for layer in self.layers:
+            x = x + layer(x, input_pos, mask)
+        return x
+
+
+def test_gpt_fast_buffers_are_swapped_and_stay_faithful():
+    torch.manual_seed(0)
+    base = GptFast()
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    x = torch.randn(1, 6, 64)
+    with torch.no_grad():
+        errs = [float((base(x, torch.arange(6)) - model(x, torch.arange(6))).abs().max())]
+        for p in range(6, 12):
+            xi = torch.randn(1, 1, 64)
+            errs.append(float((base(xi, torch.tensor([p])) - model(xi, torch.tensor([p]))).abs().max()))
+    assert isinstance(model.layers[0].k_cache, QuantizedCacheTensor)
+    assert max(errs) < 2e-2
+    nb = turboquant.cache_nbytes(model)
+    assert nb["quantized"] / nb["dense"] == pytest.approx((32 + 4) / 128)
+    assert [r.status for r in turboquant.report(model)] == ["quantized", "quantized"]
+
+
+def test_graph_without_cache_runs_unchanged_and_warns_once():
+    lin = nn.Linear(8, 8)
+    model = turboquant.compile(copy.deepcopy(lin), bits=4)
+    x = torch.randn(2, 8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(model(x), lin(x))
+        model(x)
+    msgs = [str(m.message) for m in w if "turboquant" in str(m.message)]
+    assert len(msgs) <= 1 and (not msgs or "no KV-cache" in msgs[0])
