@@ -168,3 +168,20 @@ def test_graph_without_cache_runs_unchanged_and_warns_once():
         model(x)
     msgs = [str(m.message) for m in w if "turboquant" in str(m.message)]
     assert len(msgs) <= 1 and (not msgs or "no KV-cache" in msgs[0])
+
+
+def test_torch_compile_backend_by_name():
+    """torch.compile(backend="turboquant") resolves through the entry point, with options."""
+    torch.manual_seed(0)
+    base = GptFast()
+    model = copy.deepcopy(base)
+    compiled = torch.compile(model, backend="turboquant", options={"bits": 8, "method": "turbo"})
+    x = torch.randn(1, 4, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, torch.arange(4)), base(x, torch.arange(4)))  # runs as captured
+        xi = torch.randn(1, 1, 64)
+        err = float((compiled(xi, torch.tensor([4])) - base(xi, torch.tensor([4]))).abs().max())
+    assert isinstance(model.layers[1].v_cache, QuantizedCacheTensor)
+    assert model.layers[1].v_cache.spec.method == "turbo" and err < 5e-2
+    with pytest.raises(Exception, match="bits=7"):
+        torch.compile(copy.deepcopy(base), backend="turboquant", options={"bits": 7})(x, torch.arange(4))
