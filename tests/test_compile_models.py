@@ -185,3 +185,36 @@ def test_torch_compile_backend_by_name():
     assert model.layers[1].v_cache.spec.method == "turbo" and err < 5e-2
     with pytest.raises(Exception, match="bits=7"):
         torch.compile(copy.deepcopy(base), backend="turboquant", options={"bits": 7})(x, torch.arange(4))
+
+
+def test_eager_attention_falls_back_with_a_clear_warning():
+    base = _llama(attn="eager")
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
+    ref = _generate(base, ids)
+    with pytest.warns(UserWarning, match="attn_implementation='eager'.*unquantized.*'sdpa'"):
+        model = turboquant.compile(copy.deepcopy(base), bits=4)
+    assert torch.equal(_generate(model, ids), ref)
+
+
+def test_left_padded_batch_static_cache():
+    base = _llama()
+    ids = torch.randint(1, 128, (3, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, :3] = 0
+    mask[1, :1] = 0
+    ids[mask == 0] = 0
+    ref = _generate(base, ids, attention_mask=mask, cache_implementation="static")
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    assert torch.equal(_generate(model, ids, attention_mask=mask, cache_implementation="static"), ref)
+    assert all(r.status == "quantized" for r in turboquant.report(model))
+
+
+def test_gpt2_dynamic_cache():
+    torch.manual_seed(0)
+    base = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
+                                                                n_positions=256)).eval()
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(6))
+    ref = _generate(base, ids)
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    assert torch.equal(_generate(model, ids), ref)
+    assert [r.status for r in turboquant.report(model)] == ["quantized", "quantized"]

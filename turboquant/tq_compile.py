@@ -208,6 +208,11 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
         cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
 
 
+def _attn_implementation(model):
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(cfg, "_attn_implementation", None)
+
+
 def compile(model, bits: int = 4, **options):
     """Quantize ``model``'s KV cache and compile it; returns the model, used as before.
 
@@ -239,9 +244,19 @@ def compile(model, bits: int = 4, **options):
     params = inspect.signature(original).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
 
+    if is_hf and _attn_implementation(model) not in ("sdpa", None):
+        # transformers' eager attention reads the cache through key.transpose(2, 3) @ ...: a view
+        # across head_dim that packed codes cannot provide, so quantizing would fail at the first read
+        _warn_once(f"{type(model).__name__} uses attn_implementation={_attn_implementation(model)!r}; its KV cache "
+                   "is left unquantized (the model is compiled and runs unchanged). Load it with "
+                   "attn_implementation='sdpa' to quantize the cache.")
+        is_hf_quantized = False
+    else:
+        is_hf_quantized = is_hf
+
     @functools.wraps(original)
     def forward(*args, **kwargs):
-        if is_hf:
+        if is_hf_quantized:
             _prepare_hf_cache(model, state, cache_arg, args, kwargs)
         return compiled(*args, **kwargs)
 
