@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["inductor_compile", "dynamo_counters", "is_compiling", "run_and_get_code", "tracing_with_fake_tensors",
+__all__ = ["inductor_compile", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
            "real_tolist"]
 
 
@@ -23,10 +23,6 @@ def inductor_compile(gm, example_inputs, mode=None):
     if mode not in (None, "default"):
         patches = dict(torch._inductor.list_mode_options(mode))
     return compile_fx(gm, example_inputs, config_patches=patches)
-
-
-def is_compiling() -> bool:
-    return torch.compiler.is_compiling()
 
 
 def run_and_get_code(fn, *args, **kwargs):

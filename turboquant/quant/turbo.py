@@ -19,16 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from .affine import to_metadata
+from .affine import _work_dtype, to_metadata
 from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .rotation import rotation_matrix
 
 __all__ = ["turbo_quantize", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
-
-
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
