@@ -32,7 +32,7 @@ from .ops import decode_buffers, spec_args
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
-__all__ = ["QuantizedCacheTensor", "is_quantized_cache"]
+__all__ = ["QuantizedCacheTensor"]
 
 aten = torch.ops.aten
 
@@ -41,10 +41,6 @@ _DIM_VIEWS = {aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.s
 # views taking a full size list whose last entry is head_dim
 _SIZE_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default}
 _PASSTHROUGH_VIEWS = {aten.alias.default, aten.detach.default}
-
-
-def is_quantized_cache(x) -> bool:
-    return isinstance(x, QuantizedCacheTensor)
 
 
 class QuantizedCacheTensor(torch.Tensor):

@@ -69,7 +69,9 @@ class TensorQuantSpec:
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise ``ValueError`` if the codes of ``head_dim`` elements cannot be packed."""
-        per_byte_block = {8: 1, 4: 2, 3: 8, 2: 4}[self.bits]
+        from .quant.packing import CODES_PER_BLOCK  # here: quant imports this module
+
+        per_byte_block = CODES_PER_BLOCK[self.bits]
         if head_dim % per_byte_block:
             raise ValueError(f"head_dim={head_dim} cannot hold {self.bits}-bit codes packed along it; "
                              f"it must be a multiple of {per_byte_block}")

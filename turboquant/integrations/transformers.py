@@ -65,8 +65,11 @@ def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConf
     ``config_for_layer(i)`` gives the layer's config, or ``None`` to keep it dense.
     Already-initialized dense layers are quantized from their current content.
     """
+    layers = getattr(cache, "layers", [])
+    if getattr(cache, "_turboquant_layers", -1) == len(layers):
+        return 0  # every layer seen already: the common case, once per decode step
     tagged = 0
-    for i, layer in enumerate(getattr(cache, "layers", [])):
+    for i, layer in enumerate(layers):
         if getattr(layer, "_turboquant_config", None) is not None:
             continue
         config = config_for_layer(i)
@@ -84,4 +87,5 @@ def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConf
         if getattr(layer, "is_initialized", False) and isinstance(getattr(layer, "keys", None), torch.Tensor):
             _convert_layer(layer, config, layer.keys, layer.values)
         tagged += 1
+    cache._turboquant_layers = len(layers)
     return tagged
