@@ -16,7 +16,7 @@
 * **other reads** decode to a dense tensor (correct, not fast; the compiler pass rewrites
   the attention patterns it knows so this does not happen on the hot path);
 * anything that would lose a write — an in-place op it does not know, a view that slices
-  head_dim — raises ``NotImplementedError`` instead of silently writing to a temporary.
+  head_dim — raises :class:`UnsupportedCacheOperation` instead of silently writing to a temporary.
 """
 
 from __future__ import annotations
@@ -32,9 +32,17 @@ from .ops import decode_buffers, spec_args
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
-__all__ = ["QuantizedCacheTensor"]
+__all__ = ["QuantizedCacheTensor", "UnsupportedCacheOperation"]
 
 aten = torch.ops.aten
+
+
+class UnsupportedCacheOperation(RuntimeError):
+    """An operation on a quantized KV cache that turboquant cannot perform without losing data.
+
+    A ``RuntimeError``, not ``NotImplementedError``: transformers' ``StaticLayer.update``
+    catches the latter and retries the write another way, which would hide the message.
+    """
 
 # views whose dim argument (2nd positional) must not be head_dim; applied to codes and meta alike
 _DIM_VIEWS = {aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim}
@@ -133,7 +141,7 @@ class QuantizedCacheTensor(torch.Tensor):
         if func in _SIZE_VIEWS:
             return _size_view(func, *args, **kwargs)
         if func.is_view or _mutates_a_cache(func, args, kwargs):
-            raise NotImplementedError(
+            raise UnsupportedCacheOperation(
                 f"turboquant: {func} on a quantized KV cache is not supported (it would write to or alias a "
                 "dequantized copy and lose the write); quantize this model with turboquant.compile(..., "
                 "exclude=...) or report the model")
@@ -167,7 +175,7 @@ def _same_view(t, fn):
 def _not_head_dim(t, dim: int, what) -> int:
     dim = dim % t.dim() if t.dim() else 0
     if dim == t.dim() - 1:
-        raise NotImplementedError(f"turboquant: {what} along head_dim of a quantized KV cache is not supported "
+        raise UnsupportedCacheOperation(f"turboquant: {what} along head_dim of a quantized KV cache is not supported "
                                   "(codes are packed along it)")
     return dim
 
@@ -180,7 +188,7 @@ def _dim_view(func, t, dim, *rest, **kw):
 def _size_view(func, t, size, *rest, **kw):
     size = list(size)
     if size and size[-1] not in (-1, t.head_dim):
-        raise NotImplementedError(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
+        raise UnsupportedCacheOperation(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
     return _like(t, func(t.codes, size[:-1] + [t.codes.shape[-1]], *rest, **kw),
                  func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw))
 
@@ -222,9 +230,9 @@ def _index_copy_(func, dst, dim, index, src):
 
 def _index_put_(func, dst, indices, values, accumulate=False):
     if accumulate:
-        raise NotImplementedError("turboquant: index_put_(accumulate=True) on a quantized KV cache")
+        raise UnsupportedCacheOperation("turboquant: index_put_(accumulate=True) on a quantized KV cache")
     if len(indices) >= dst.dim():
-        raise NotImplementedError("turboquant: indexing head_dim of a quantized KV cache is not supported")
+        raise UnsupportedCacheOperation("turboquant: indexing head_dim of a quantized KV cache is not supported")
     target = list(dst.shape[:len(indices)])
     # the shape of the indexed region: broadcast index shape, then the remaining dims
     probe = torch.empty(target, device="meta")[tuple(slice(None) if i is None else i.to("meta") for i in indices)]
@@ -267,7 +275,7 @@ def _transpose(func, t, d0, d1):
 def _permute(func, t, dims):
     dims = [d % t.dim() for d in dims]
     if dims[-1] != t.dim() - 1:
-        raise NotImplementedError("turboquant: a permute moving head_dim of a quantized KV cache is not supported")
+        raise UnsupportedCacheOperation("turboquant: a permute moving head_dim of a quantized KV cache is not supported")
     return _same_view(t, lambda x: x.permute(dims))
 
 
