@@ -15,7 +15,9 @@
   ``torch.ops.turboquant.attention`` call on the raw buffers;
 * **other reads** decode to a dense tensor (correct, not fast; the compiler pass rewrites
   the attention patterns it knows so this does not happen on the hot path);
-* anything that would lose a write — an in-place op it does not know, a view that slices
+* a transpose across head_dim (eager attention's ``key.transpose(2, 3)``) is a decoded,
+  read-only copy;
+* anything else that would lose a write — an in-place op it does not know, a view that slices
   head_dim — raises :class:`UnsupportedCacheOperation` instead of silently writing to a temporary.
 """
 
@@ -32,7 +34,7 @@ from .ops import decode_buffers, spec_args
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
-__all__ = ["QuantizedCacheTensor", "UnsupportedCacheOperation"]
+__all__ = ["QuantizedCacheTensor", "UnsupportedCacheOperation", "attention_over_cache"]
 
 aten = torch.ops.aten
 
@@ -268,7 +270,12 @@ def _to_copy(func, t, dtype=None, device=None, **kw):
 
 
 def _transpose(func, t, d0, d1):
-    d0, d1 = _not_head_dim(t, d0, "transpose"), _not_head_dim(t, d1, "transpose")
+    d0, d1 = d0 % t.dim(), d1 % t.dim()
+    if t.dim() - 1 in (d0, d1):
+        # eager attention's key.transpose(2, 3): codes cannot be viewed across head_dim, so
+        # this is a decoded copy — fine for the read it feeds (the FX pass replaces that
+        # read with one attention op), and a write through it would not reach the cache
+        return t.dequantize().transpose(d0, d1)
     return _same_view(t, lambda x: x.transpose(d0, d1))
 
 
@@ -284,10 +291,31 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         return F.scaled_dot_product_attention(_dense(query), _dense(key), _dense(value), attn_mask=attn_mask,
                                               dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                               enable_gqa=enable_gqa)
+    return attention_over_cache(query, key, value, attn_mask, scale=scale, is_causal=is_causal)
+
+
+def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=None, is_causal=False):
+    """Attention with optional soft-cap; one ``turboquant::attention`` call when K and V are quantized.
+
+    With dense K/V it computes what transformers' eager attention does (matmul, scale,
+    soft-cap, additive mask, float32 softmax, matmul), so the FX pass can put it in place of
+    that pattern whether or not the cache it reads has been swapped yet.
+    """
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
-                                          is_causal, scale, spec_args(key.spec), spec_args(value.spec),
-                                          key.head_dim, value.head_dim)
+    if isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor):
+        return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
+                                              is_causal, scale, spec_args(key.spec), spec_args(value.spec),
+                                              key.head_dim, value.head_dim, float(softcap or 0.0))
+    key, value = _dense(key), _dense(value)
+    w = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if softcap:
+        w = torch.tanh(w / softcap) * softcap
+    if is_causal:
+        attn_mask = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril()
+    if attn_mask is not None:
+        w = w.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else w + attn_mask
+    w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(w, value)
 
 
 _HANDLERS = {

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from .config import TensorQuantSpec
 from .quant.packed import decode
 from .quant.packing import unpack_codes
+from .quant.reference import masked_softmax
 
 __all__ = ["attention", "spec_args", "decode_buffers"]
 
@@ -47,16 +48,28 @@ def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpe
 @torch.library.custom_op("turboquant::attention", mutates_args=())
 def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
               v_meta: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-              k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int) -> torch.Tensor:
-    """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv)."""
+              k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int,
+              softcap: float = 0.0) -> torch.Tensor:
+    """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv).
+
+    ``softcap > 0`` caps the scores as :func:`turboquant.quant.reference.masked_softmax` does.
+    """
     k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
     v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
-    out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    qf = q.float()
+    if softcap > 0:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        p = masked_softmax(qf @ k.transpose(-1, -2) * scale, mask, is_causal, softcap)
+        out = p @ v
+    else:
+        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
     return out.to(q.dtype).contiguous()
 
 
 @attention.register_fake
-def _(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim, v_head_dim):
+def _(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim, v_head_dim,
+      softcap=0.0):
     return q.new_empty((*q.shape[:-1], v_head_dim))

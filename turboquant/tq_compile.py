@@ -33,7 +33,7 @@ from .cache import QuantizedCacheTensor
 from .compat import dynamo_counters, inductor_compile
 from .config import KVQuantConfig
 from .integrations import transformers as hf
-from .passes import find_kv_sites
+from .passes import find_kv_sites, rewrite_eager_attention
 
 __all__ = ["compile", "turboquant_backend", "report", "CompileState", "cache_nbytes"]
 
@@ -54,7 +54,7 @@ class LayerReport:
     v_source: str
     write: str
     read: str
-    status: str            # "quantized", "swapped", "dense"
+    status: str            # "quantized", "swapped" (dense when found, quantized after), "decoded", "dense"
     reason: str = ""
 
 
@@ -91,73 +91,84 @@ def _owner_slots(t: torch.Tensor):
     return slots
 
 
-def _swap(t: torch.Tensor, spec) -> bool:
-    slots = _owner_slots(t)
-    if not slots:
-        return False
-    q = QuantizedCacheTensor.from_dense(t, spec)
-    for d, key in slots:
-        d[key] = q
-    return True
-
-
-def _analyze(gm, example_inputs, state: CompileState):
-    """Run the pass; returns the dense cache tensors to swap after this call, with their specs."""
+def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bool):
+    """Classify each linked layer; returns ``(site, k_index, v_index)`` of dense caches to swap."""
     counters = dynamo_counters()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    by_name = {n.name: ex for n, ex in zip(placeholders, example_inputs)}
+    index = {n.name: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     to_swap = []
-    for site in find_kv_sites(gm):
-        tensors = [by_name.get(site.k.node), by_name.get(site.v.node)]
+    for site in sites:
+        ik, iv = index.get(site.k.node), index.get(site.v.node)
+        tensors = [example_inputs[i] if i is not None else None for i in (ik, iv)]
         write = "/".join(sorted(set(site.k.writes)))
         row = dict(layer=site.layer, k_source=site.k.source, v_source=site.v.source, write=write, read=site.read)
+        if site.read == "eager" and not eager_rewritten:
+            reason = ("its eager attention does not match the matmul-softmax-matmul pattern turboquant rewrites; "
+                      "it reads decoded copies of the cache (correct, not fast)")
+            _warn_once(f"layer {site.layer} ({site.k.source}): {reason}")
+            row["status"], row["reason"] = "decoded", reason
         if all(isinstance(t, QuantizedCacheTensor) for t in tensors):
             counters["turboquant"]["layers_quantized"] += 1
-            state.record(LayerReport(status="quantized", **row))
-        elif all(isinstance(t, torch.Tensor) and not isinstance(t, QuantizedCacheTensor) for t in tensors):
-            to_swap.append((site, tensors))
-            state.record(LayerReport(status="swapped", **row))
+            state.record(LayerReport(**{"status": "quantized", **row}))
+        elif all(isinstance(t, torch.Tensor) for t in tensors):
+            to_swap.append((site, ik, iv))
+            state.record(LayerReport(**{"status": "swapped", **row}))
         else:
             reason = "its K/V are not tensors the graph receives as inputs"
             _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
-            state.record(LayerReport(status="dense", reason=reason, **row))
-    if not to_swap and not any(r.status == "quantized" for r in state.layers.values()):
+            state.record(LayerReport(**{**row, "status": "dense", "reason": reason}))
+    if not sites and not state.layers:
         _warn_once("no KV-cache write feeding an attention was found in the captured graph; the model runs "
                    "unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ and read "
                    "by scaled_dot_product_attention or matmul-softmax-matmul)")
     return to_swap
 
 
-def _swap_after(compiled, to_swap, state: CompileState):
-    done = []
+def _swapping_entry(gm, to_swap, state: CompileState):
+    """Run ``gm`` eagerly after moving its dense cache inputs to quantized storage at their owners.
+
+    Swapping *before* the call means the call's own writes — in place or a ``cat`` whose
+    result Dynamo assigns back to the owner afterwards — already land in quantized storage.
+    A cache no owner holds stays dense (its writes would otherwise be lost) and is reported.
+    """
+    counters = dynamo_counters()
 
     def run(*args):
-        out = compiled(*args)
-        if not done:
-            done.append(True)
-            counters = dynamo_counters()
-            for site, tensors in to_swap:
-                ok = all(_swap(t, state.config.spec(role)) for t, role in zip(tensors, ("k", "v")))
-                if ok:
-                    counters["turboquant"]["caches_swapped"] += 2
-                else:
+        args = list(args)
+        for site, ik, iv in to_swap:
+            for i, role in ((ik, "k"), (iv, "v")):
+                t = args[i]
+                if isinstance(t, QuantizedCacheTensor):
+                    continue
+                slots = _owner_slots(t)
+                if not slots:
                     reason = "no owner (module buffer or object attribute) holds the cache tensor"
                     _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
                     state.record(LayerReport(site.layer, site.k.source, site.v.source, "/".join(site.k.writes),
                                              site.read, "dense", reason))
-        return out
+                    continue
+                q = QuantizedCacheTensor.from_dense(t, state.config.spec(role))
+                for d, key in slots:
+                    d[key] = q
+                args[i] = q
+                counters["turboquant"]["caches_swapped"] += 1
+        return gm.forward(*args)
 
     return run
 
 
 def _backend(gm, example_inputs, state: CompileState):
     state.graphs += 1
-    dynamo_counters()["turboquant"]["graphs"] += 1
-    to_swap = _analyze(gm, example_inputs, state)
+    counters = dynamo_counters()
+    counters["turboquant"]["graphs"] += 1
+    sites = find_kv_sites(gm)
+    eager_reads = sum(site.read == "eager" for site in sites)
+    rewritten = rewrite_eager_attention(gm) if eager_reads else 0
+    counters["turboquant"]["eager_attention_rewrites"] += rewritten
+    to_swap = _analyze(gm, sites, example_inputs, state, eager_rewritten=rewritten >= eager_reads)
     if to_swap:
-        # this call runs as captured (dense) and the caches are swapped after it; the next call
-        # fails Dynamo's type guards and recompiles with quantized storage, so no point compiling this one
-        return _swap_after(gm.forward, to_swap, state)
+        # runs once per dense cache, eagerly; the next call fails Dynamo's type guards and
+        # compiles the graph over quantized storage, so compiling this one would be wasted
+        return _swapping_entry(gm, to_swap, state)
     return inductor_compile(gm, example_inputs, mode=state.mode)
 
 
@@ -208,11 +219,6 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
         cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
 
 
-def _attn_implementation(model):
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return getattr(cfg, "_attn_implementation", None)
-
-
 def compile(model, bits: int = 4, **options):
     """Quantize ``model``'s KV cache and compile it; returns the model, used as before.
 
@@ -244,19 +250,9 @@ def compile(model, bits: int = 4, **options):
     params = inspect.signature(original).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    if is_hf and _attn_implementation(model) not in ("sdpa", None):
-        # transformers' eager attention reads the cache through key.transpose(2, 3) @ ...: a view
-        # across head_dim that packed codes cannot provide, so quantizing would fail at the first read
-        _warn_once(f"{type(model).__name__} uses attn_implementation={_attn_implementation(model)!r}; its KV cache "
-                   "is left unquantized (the model is compiled and runs unchanged). Load it with "
-                   "attn_implementation='sdpa' to quantize the cache.")
-        is_hf_quantized = False
-    else:
-        is_hf_quantized = is_hf
-
     @functools.wraps(original)
     def forward(*args, **kwargs):
-        if is_hf_quantized:
+        if is_hf:
             _prepare_hf_cache(model, state, cache_arg, args, kwargs)
         return compiled(*args, **kwargs)
 

@@ -7,6 +7,8 @@ Semantics follow ``torch.nn.functional.scaled_dot_product_attention``:
 * ``attn_mask`` broadcastable to ``[B, Hq, L, S]``: boolean (True = attend) or additive;
 * ``is_causal``: the top-left aligned lower triangle, as SDPA (not with ``attn_mask``);
 * ``scale`` defaults to ``1 / √D``;
+* ``softcap`` (Gemma 2 style, optional): scores become ``softcap · tanh(scores / softcap)``
+  after scaling and before the mask;
 * a query row with every key masked yields zeros (SDPA's math backend since torch 2.5).
 
 Two forms, equal to rounding:
@@ -48,9 +50,13 @@ def _check(q: torch.Tensor, k_shape, v_shape, attn_mask, is_causal) -> int:
     return hq // hkv
 
 
-def masked_softmax(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
-    """Softmax over the last dim of ``scores [..., L, S]`` after the mask; fully masked rows give 0."""
+def masked_softmax(scores: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                   softcap: Optional[float] = None) -> torch.Tensor:
+    """Softmax over the last dim of ``scores [..., L, S]`` after soft-capping and the mask;
+    fully masked rows give 0."""
     L, S = scores.shape[-2:]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if is_causal:
         attn_mask = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
     if attn_mask is not None:
@@ -77,7 +83,8 @@ def _grouped_mask(attn_mask, b, hkv, g, L, S):
 
 
 def reference_attention(q: torch.Tensor, k: KV, v: KV, attn_mask: Optional[torch.Tensor] = None,
-                        is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+                        is_causal: bool = False, scale: Optional[float] = None,
+                        softcap: Optional[float] = None) -> torch.Tensor:
     """Attention over (possibly quantized) K and V, dequantized, in float64.
 
     Returns ``[B, Hq, L, D]`` float64. ``k``/``v`` may be dense tensors or
@@ -89,7 +96,7 @@ def reference_attention(q: torch.Tensor, k: KV, v: KV, attn_mask: Optional[torch
         kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
     qd = q.to(torch.float64)
     scale = qd.shape[-1] ** -0.5 if scale is None else scale
-    p = masked_softmax(qd @ kd.transpose(-1, -2) * scale, attn_mask, is_causal)
+    p = masked_softmax(qd @ kd.transpose(-1, -2) * scale, attn_mask, is_causal, softcap)
     return p @ vd
 
 
@@ -132,7 +139,8 @@ def _folded_values(p: torch.Tensor, v: QuantizedKV) -> torch.Tensor:
 
 
 def folded_attention(q: torch.Tensor, k: QuantizedKV, v: QuantizedKV, attn_mask: Optional[torch.Tensor] = None,
-                     is_causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+                     is_causal: bool = False, scale: Optional[float] = None,
+                     softcap: Optional[float] = None) -> torch.Tensor:
     """Attention computed on codes and metadata, never forming a dequantized K or V (float64).
 
     Equal to :func:`reference_attention` to float64 rounding; the form kernels implement.
@@ -143,5 +151,5 @@ def folded_attention(q: torch.Tensor, k: QuantizedKV, v: QuantizedKV, attn_mask:
     qg = q.to(torch.float64).reshape(b, hkv, g, L, d)
     scale = d ** -0.5 if scale is None else scale
     scores = _folded_scores(qg, k) * scale
-    p = masked_softmax(scores, _grouped_mask(attn_mask, b, hkv, g, L, S), is_causal)
+    p = masked_softmax(scores, _grouped_mask(attn_mask, b, hkv, g, L, S), is_causal, softcap)
     return _folded_values(p, v).reshape(b, hq, L, v.head_dim)
