@@ -1,6 +1,7 @@
 """turboquant.compile on real model code: transformers models from small configs, gpt-fast style buffers."""
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -237,3 +238,75 @@ def test_gpt2_dynamic_cache():
     model = turboquant.compile(copy.deepcopy(base), bits=8)
     assert torch.equal(_generate(model, ids), ref)
     assert [r.status for r in turboquant.report(model)] == ["quantized", "quantized"]
+
+
+class MetaAttention(nn.Module):
+    """The Meta llama reference layout: caches [B, S, H, D] held as plain attributes, slice writes."""
+
+    def __init__(self, dim=64, heads=4, kv_heads=2, head_dim=32, max_batch=2, max_seq=32):
+        super().__init__()
+        self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, dim, bias=False)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.cache_k = torch.zeros(max_batch, max_seq, kv_heads, head_dim)
+        self.cache_v = torch.zeros(max_batch, max_seq, kv_heads, head_dim)
+
+    @staticmethod
+    def repeat_kv(x, n_rep):
+        bs, slen, n_kv_heads, head_dim = x.shape
+        return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(
+            bs, slen, n_kv_heads * n_rep, head_dim)
+
+    def forward(self, x, start_pos: int, mask):
+        bsz, seqlen, _ = x.shape
+        xq = self.wq(x).view(bsz, seqlen, self.heads, self.head_dim)
+        xk = self.wk(x).view(bsz, seqlen, self.kv_heads, self.head_dim)
+        xv = self.wv(x).view(bsz, seqlen, self.kv_heads, self.head_dim)
+        self.cache_k = self.cache_k.to(xq)
+        self.cache_v = self.cache_v.to(xq)
+        self.cache_k[:bsz, start_pos:start_pos + seqlen] = xk
+        self.cache_v[:bsz, start_pos:start_pos + seqlen] = xv
+        n_rep = self.heads // self.kv_heads
+        keys = self.repeat_kv(self.cache_k[:bsz, :start_pos + seqlen], n_rep).transpose(1, 2)
+        values = self.repeat_kv(self.cache_v[:bsz, :start_pos + seqlen], n_rep).transpose(1, 2)
+        xq = xq.transpose(1, 2)
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores + mask
+        scores = F.softmax(scores.float(), dim=-1).type_as(xq)
+        return self.wo(torch.matmul(scores, values).transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class MetaLlama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([MetaAttention(), MetaAttention()])
+
+    def forward(self, x, start_pos: int):
+        seqlen = x.shape[1]
+        mask = None
+        if seqlen > 1:
+            mask = torch.full((seqlen, seqlen), float("-inf")).triu(1)
+            mask = torch.hstack([torch.zeros(seqlen, start_pos), mask])
+        for layer in self.layers:
+            x = x + layer(x, start_pos, mask)
+        return x
+
+
+def test_meta_llama_reference_layout():
+    torch.manual_seed(0)
+    base = MetaLlama()
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        errs = [float((base(x, 0) - model(x, 0)).abs().max())]
+        for p in range(5, 9):
+            xi = torch.randn(2, 1, 64)
+            errs.append(float((base(xi, p) - model(xi, p)).abs().max()))
+    assert isinstance(model.layers[0].cache_k, QuantizedCacheTensor)
+    assert 0 < max(errs) < 2e-2
+    rows = turboquant.report(model)
+    assert [(r.status, r.read, r.write) for r in rows] == [("quantized", "eager", "setitem")] * 2
+    assert dynamo_counters()["turboquant"]["eager_attention_rewrites"] >= 2

@@ -183,6 +183,12 @@ def _not_head_dim(t, dim: int, what) -> int:
 
 
 def _dim_view(func, t, dim, *rest, **kw):
+    if func is aten.unsqueeze.default:
+        # a new dim may go anywhere before head_dim (x[:, :, :, None, :] in repeat_kv of [B, S, H, D])
+        dim = dim % (t.dim() + 1)
+        if dim == t.dim():
+            raise UnsupportedCacheOperation("turboquant: unsqueeze after head_dim of a quantized KV cache")
+        return _same_view(t, lambda x: func(x, dim))
     dim = _not_head_dim(t, dim, func)
     return _same_view(t, lambda x: func(x, dim, *rest, **kw))
 

@@ -5,7 +5,8 @@ The pattern (``eager_attention_forward`` of Llama, Gemma 2, Qwen, …)::
     w = matmul(q, k.transpose(2, 3)) * scale        # or / d, or no scale
     w = tanh(w / softcap) * softcap                  # optional (Gemma 2)
     w = w + mask                                     # optional
-    p = softmax(w, dim=-1, dtype=float32).to(dtype)  # dropout(p, training=False) optional
+    p = softmax(w, dim=-1, dtype=float32).to(dtype)  # or softmax(w.float(), -1).type_as(q);
+                                                     # dropout(p, training=False) optional
     out = matmul(p, v)
 
 becomes ``attention_over_cache(q, k, v, mask, scale=…, softcap=…)``, which is a single
@@ -83,7 +84,12 @@ def _softmax_input(p) -> Optional[tuple]:
             if dim not in (-1, 3):
                 return None
             chain.append(p)
-            return p.args[0], chain
+            s = p.args[0]
+            # Meta's reference code upcasts before the softmax: softmax(scores.float(), dim=-1)
+            if isinstance(s, fx.Node) and s.op == "call_method" and s.target in ("float", "to") and len(s.users) == 1:
+                chain.append(s)
+                s = s.args[0]
+            return s, chain
         else:
             return None
     return None
