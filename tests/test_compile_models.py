@@ -12,37 +12,12 @@ import torch.nn.functional as F
 import turboquant
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.compat import dynamo_counters
+from turboquant.testing import left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=256,
-            pad_token_id=0, eos_token_id=1, bos_token_id=2)
-
-
 def _llama(attn=None, family="llama"):
-    torch.manual_seed(0)
-    if family == "llama":
-        cfg = transformers.LlamaConfig(**TINY)
-        cls = transformers.LlamaForCausalLM
-    elif family == "qwen2":
-        cfg = transformers.Qwen2Config(**TINY)
-        cls = transformers.Qwen2ForCausalLM
-    elif family == "mistral":
-        cfg = transformers.MistralConfig(**TINY)
-        cls = transformers.MistralForCausalLM
-    else:  # qwen3, phi3, gemma, gemma2 (soft-capped eager attention by default), gemma3 (sliding window)
-        name = {"qwen3": "Qwen3", "phi3": "Phi3", "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3Text"}[family]
-        kw = dict(TINY)
-        if family == "phi3":
-            kw.pop("head_dim")
-        if family == "gemma3":
-            kw["sliding_window"] = 4
-        cfg = getattr(transformers, name + "Config")(**kw)
-        cls = getattr(transformers, name.replace("Text", "") + "ForCausalLM")
-    if attn is not None:
-        cfg._attn_implementation = attn
-    return cls(cfg).eval()
+    return tiny_hf_model(family, attn=attn)
 
 
 def _generate(model, ids, **kw):
@@ -218,11 +193,7 @@ def test_eager_attention_is_rewritten_to_the_quantized_op(cache):
 
 def test_left_padded_batch_static_cache():
     base = _llama()
-    ids = torch.randint(1, 128, (3, 7), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones(3, 7, dtype=torch.long)
-    mask[0, :3] = 0
-    mask[1, :1] = 0
-    ids[mask == 0] = 0
+    ids, mask = left_padded_batch()
     ref = _generate(base, ids, attention_mask=mask, cache_implementation="static")
     model = turboquant.compile(copy.deepcopy(base), bits=8)
     assert torch.equal(_generate(model, ids, attention_mask=mask, cache_implementation="static"), ref)
@@ -230,9 +201,7 @@ def test_left_padded_batch_static_cache():
 
 
 def test_gpt2_dynamic_cache():
-    torch.manual_seed(0)
-    base = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128,
-                                                                n_positions=256)).eval()
+    base = tiny_hf_model("gpt2")
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(6))
     ref = _generate(base, ids)
     model = turboquant.compile(copy.deepcopy(base), bits=8)
