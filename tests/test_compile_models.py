@@ -279,3 +279,38 @@ def test_meta_llama_reference_layout():
     rows = turboquant.report(model)
     assert [(r.status, r.read, r.write) for r in rows] == [("quantized", "eager", "setitem")] * 2
     assert dynamo_counters()["turboquant"]["eager_attention_rewrites"] >= 2
+
+
+def test_report_table_has_bits_status_and_bytes():
+    torch.manual_seed(0)
+    model = turboquant.compile(GptFast(), bits=4, method="turbo")
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64), torch.arange(3))
+        model(torch.randn(1, 1, 64), torch.tensor([3]))
+    text = str(turboquant.report(model))
+    assert "method=turbo, k_bits=4, v_bits=4, 2/2 layers quantized" in text
+    q, d = 4 * 2 * 40 * (16 + 2), 4 * 2 * 40 * 32 * 4  # 4 caches [1, 2, 40, 32]: codes + fp16 norm vs fp32
+    assert f"cache {q:,} bytes vs {d:,} dense" in text and "setitem" in text
+
+
+def test_backend_name_resolves_without_importing_turboquant():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, torch.nn.functional as F\n"
+        "assert 'turboquant' not in sys.modules\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.register_buffer('k', torch.zeros(1, 2, 8, 64)); self.register_buffer('v', torch.zeros(1, 2, 8, 64))\n"
+        "    def forward(self, q, k, v, pos):\n"
+        "        self.k[:, :, pos] = k; self.v[:, :, pos] = v\n"
+        "        return F.scaled_dot_product_attention(q, self.k, self.v)\n"
+        "m = M(); c = torch.compile(m, backend='turboquant', options={'bits': 8})\n"
+        "for p in range(3): c(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64), torch.tensor([p]))\n"
+        "print(type(m.k).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("QuantizedCacheTensor")

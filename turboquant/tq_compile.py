@@ -35,7 +35,7 @@ from .config import KVQuantConfig
 from .integrations import transformers as hf
 from .passes import find_kv_sites, rewrite_eager_attention
 
-__all__ = ["compile", "turboquant_backend", "report", "CompileState", "cache_nbytes"]
+__all__ = ["compile", "turboquant_backend", "report", "Report", "LayerReport", "CompileState", "cache_nbytes"]
 
 _COMPILE_KWARGS = ("mode", "fullgraph", "dynamic")
 _WARNED: set = set()
@@ -279,9 +279,37 @@ def cache_nbytes(obj) -> Dict[str, int]:
             "dense": sum(t.numel() * t.element_size() for t in q)}
 
 
-def report(model) -> List[LayerReport]:
-    """Per-layer record of what turboquant did to ``model`` (after at least one call)."""
+class Report(list):
+    """The per-layer rows of :func:`report` (a list of :class:`LayerReport`), printable as a table."""
+
+    config: KVQuantConfig
+    bytes: Optional[Dict[str, int]] = None
+
+    def __str__(self) -> str:
+        from .reporting import format_table
+
+        c = self.config
+        head = (f"turboquant: method={c.method}, k_bits={c.spec('k').bits}, v_bits={c.spec('v').bits}, "
+                f"{sum(r.status == 'quantized' for r in self)}/{len(self)} layers quantized")
+        if self.bytes and self.bytes["dense"]:
+            head += (f"; cache {self.bytes['quantized']:,} bytes vs {self.bytes['dense']:,} dense "
+                     f"({self.bytes['quantized'] / self.bytes['dense']:.3f})")
+        cols = ["layer", "status", "write", "read", "k_source", "reason"]
+        return head + "\n" + format_table([vars(r) for r in self], cols)
+
+
+def report(model, cache=None) -> Report:
+    """What turboquant did to ``model`` (after at least one call): one row per layer.
+
+    ``print(report(model))`` shows method and bits, each layer's status (quantized /
+    decoded / dense, with the reason), how its cache is written and read, and — for the
+    module's own cache buffers, or for ``cache`` (e.g. a transformers cache) if given — the
+    bytes the quantized cache holds against the same cache in its dense dtype.
+    """
     state: Optional[CompileState] = getattr(model, "_turboquant", None)
     if state is None:
         raise ValueError("this model was not compiled with turboquant.compile")
-    return sorted(state.layers.values(), key=lambda r: (r.layer, r.k_source))
+    rows = Report(sorted(state.layers.values(), key=lambda r: (r.layer, r.k_source)))
+    rows.config = state.config
+    rows.bytes = cache_nbytes(cache if cache is not None else model)
+    return rows
