@@ -314,3 +314,19 @@ def test_backend_name_resolves_without_importing_turboquant():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("QuantizedCacheTensor")
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_backend_mode_quantizes_transformers_caches(cache):
+    """torch.compile(forward, backend="turboquant"): caches found dense are swapped before the call."""
+    base = _llama()
+    ids = torch.randint(1, 128, (1, 9), generator=torch.Generator().manual_seed(7))
+    ref = _generate(base, ids)
+    model = copy.deepcopy(base)
+    model.forward = torch.compile(model.forward, backend="turboquant", options={"bits": 8})
+    model.generation_config.disable_compile = True
+    c = (transformers.DynamicCache(config=model.config) if cache == "dynamic"
+         else transformers.StaticCache(config=model.config, max_cache_len=32))
+    assert torch.equal(_generate(model, ids, past_key_values=c), ref)
+    assert all(isinstance(layer.keys, QuantizedCacheTensor) for layer in c.layers)
+    assert dynamo_counters()["turboquant"]["caches_swapped"] >= 4
