@@ -94,6 +94,18 @@ def test_invalid_options_raise_before_tracing():
         turboquant.compile(_llama(), bits=4, colour="red")
 
 
+def _decode_errors(base, model, batch, prompt, steps, pos):
+    """Max |base - model| of a prefill of ``prompt`` tokens and ``steps`` one-token steps."""
+    torch.manual_seed(1)
+    errs, p, n = [], 0, prompt
+    with torch.no_grad():
+        for _ in range(steps + 1):
+            x = torch.randn(batch, n, 64)
+            errs.append(float((base(x, pos(p, n)) - model(x, pos(p, n))).abs().max()))
+            p, n = p + n, 1
+    return errs
+
+
 class GptFastAttention(nn.Module):
     def __init__(self, dim=64, heads=4, kv_heads=2, head_dim=32, max_len=40):
         super().__init__()
@@ -134,12 +146,7 @@ def test_gpt_fast_buffers_are_swapped_and_stay_faithful():
     torch.manual_seed(0)
     base = GptFast()
     model = turboquant.compile(copy.deepcopy(base), bits=8)
-    x = torch.randn(1, 6, 64)
-    with torch.no_grad():
-        errs = [float((base(x, torch.arange(6)) - model(x, torch.arange(6))).abs().max())]
-        for p in range(6, 12):
-            xi = torch.randn(1, 1, 64)
-            errs.append(float((base(xi, torch.tensor([p])) - model(xi, torch.tensor([p]))).abs().max()))
+    errs = _decode_errors(base, model, batch=1, prompt=6, steps=6, pos=lambda p, n: torch.arange(p, p + n))
     assert isinstance(model.layers[0].k_cache, QuantizedCacheTensor)
     assert max(errs) < 2e-2
     nb = turboquant.cache_nbytes(model)
@@ -268,12 +275,7 @@ def test_meta_llama_reference_layout():
     torch.manual_seed(0)
     base = MetaLlama()
     model = turboquant.compile(copy.deepcopy(base), bits=8)
-    x = torch.randn(2, 5, 64)
-    with torch.no_grad():
-        errs = [float((base(x, 0) - model(x, 0)).abs().max())]
-        for p in range(5, 9):
-            xi = torch.randn(2, 1, 64)
-            errs.append(float((base(xi, p) - model(xi, p)).abs().max()))
+    errs = _decode_errors(base, model, batch=2, prompt=5, steps=4, pos=lambda p, n: p)
     assert isinstance(model.layers[0].cache_k, QuantizedCacheTensor)
     assert 0 < max(errs) < 2e-2
     rows = turboquant.report(model)
