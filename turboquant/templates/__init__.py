@@ -1,0 +1,1 @@
+"""Triton kernels: decode attention over packed codes (more to come: quantize-on-write, prefill)."""

@@ -1,0 +1,239 @@
+"""Split-K decode attention that reads packed K/V codes directly (Triton).
+
+One program handles one (batch, KV head, split of the sequence): all ``G = Hq / Hkv`` query
+heads and all ``L`` query positions of that KV head are the rows of one tile, so each KV byte
+is read once. Codes are unpacked in registers from the packed bit stream (code ``i`` of a row
+starts at bit ``i·BITS``, the layout of :mod:`turboquant.quant.packing`) and never written
+back as a dense tensor:
+
+* affine keys: ``score_j = s_j · (q·c_j − z_j · Σq)`` (group size = head_dim);
+* affine values: the V scale is folded into the probabilities, ``acc += (p·s) @ c`` and the
+  zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
+* turbo: codes index a 2^b-entry LUT of centroids; ``q`` arrives rotated and the output
+  leaves rotated (the caller rotates once per query / output row), norms scale the scores
+  and the probabilities.
+
+Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
+merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import TensorQuantSpec
+from ..quant.rotation import rotation_matrix
+from ..quant.turbo import turbo_centroids
+
+__all__ = ["decode_attention", "supports"]
+
+MAX_QUERY_LEN = 8
+
+
+@triton.jit
+def _unpack(codes_row_ptr, n_mask, d, d_mask, BITS: tl.constexpr, NBYTES: tl.constexpr):
+    """Codes ``[BLOCK_N, BLOCK_D]`` (int32) of packed rows at ``codes_row_ptr`` ([BLOCK_N, 1] pointers)."""
+    if BITS == 8:
+        c = tl.load(codes_row_ptr + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0).to(tl.int32)
+    else:
+        bit = d * BITS
+        byte = bit // 8
+        shift = bit % 8
+        m = n_mask[:, None] & d_mask[None, :]
+        lo = tl.load(codes_row_ptr + byte[None, :], mask=m, other=0).to(tl.int32)
+        if BITS == 3:  # a 3-bit code may straddle two bytes
+            hi = tl.load(codes_row_ptr + byte[None, :] + 1, mask=m & (byte[None, :] + 1 < NBYTES), other=0)
+            lo = lo | (hi.to(tl.int32) << 8)
+        c = (lo >> shift[None, :]) & ((1 << BITS) - 1)
+    return c
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, mask_ptr,
+    po_ptr, pm_ptr, pl_ptr,
+    S, sm_scale, softcap,
+    stride_qb, stride_qh, stride_ql,
+    stride_kcb, stride_kch, stride_kcs,
+    stride_kmb, stride_kmh, stride_kms,
+    stride_vcb, stride_vch, stride_vcs,
+    stride_vmb, stride_vmh, stride_vms,
+    stride_mb, stride_mh, stride_ml, stride_ms,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
+    K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr,
+    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    tl.static_assert(M >= G * L)
+    tl.static_assert(BLOCK_D >= D)
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    b = (pid_bh // HKV).to(tl.int64)
+    h = (pid_bh % HKV).to(tl.int64)
+
+    rows = tl.arange(0, M)
+    row_ok = rows < G * L
+    qh = h * G + rows // L
+    ql = rows % L
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+
+    q = tl.load(q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float16)
+    q_sum = tl.sum(q.to(tl.float32), axis=1)
+
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BLOCK_D], tl.float32)
+    z_acc = tl.zeros([M], tl.float32)
+
+    start = split * (SPLIT_BLOCKS * BLOCK_N)
+    for i in range(SPLIT_BLOCKS):
+        n = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < S
+        n64 = n.to(tl.int64)
+
+        # ---- scores -------------------------------------------------------------------
+        kc = _unpack(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok, d, d_ok,
+                     K_BITS, K_NBYTES)
+        km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
+        if K_TURBO:
+            kval = tl.load(klut_ptr + kc).to(tl.float16)
+            norm_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(kval)) * norm_k[None, :]
+        else:
+            s_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32)
+            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32)
+            dots = tl.dot(q, tl.trans(kc.to(tl.float16)))
+            s = (dots - q_sum[:, None] * z_k[None, :]) * s_k[None, :]
+        s = s * sm_scale
+        if SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
+        keep = n_ok[None, :] & row_ok[:, None]
+        if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
+            keep = keep & (n[None, :] <= ql[:, None])
+        if HAS_MASK:
+            mptr = mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml + n64[None, :] * stride_ms
+            if MASK_BOOL:
+                keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
+            else:
+                s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32)
+        s = tl.where(keep, s, float("-inf"))
+
+        # ---- online softmax -------------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+
+        # ---- values -------------------------------------------------------------------------
+        vc = _unpack(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok, d, d_ok,
+                     V_BITS, V_NBYTES)
+        vm_row = vm_ptr + b * stride_vmb + h * stride_vmh + n64 * stride_vms
+        if V_TURBO:
+            vval = tl.load(vlut_ptr + vc).to(tl.float16)
+            norm_v = tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)
+            pv = (p * norm_v[None, :]).to(tl.float16)
+            acc = acc * alpha[:, None] + tl.dot(pv, vval)
+        else:
+            s_v = tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)
+            z_v = tl.load(vm_row + 1, mask=n_ok, other=0.0).to(tl.float32)
+            pv32 = p * s_v[None, :]
+            acc = acc * alpha[:, None] + tl.dot(pv32.to(tl.float16), vc.to(tl.float16))
+            z_acc = z_acc * alpha + tl.sum(pv32 * z_v[None, :], axis=1)
+
+    if not V_TURBO:
+        acc = acc - z_acc[:, None]
+    # partials: [B, Hq, L, n_splits, (BLOCK_D | 1)]
+    prow = ((b * HKV * G + qh) * L + ql) * n_splits + split
+    tl.store(po_ptr + prow[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(pm_ptr + prow, m_i, mask=row_ok)
+    tl.store(pl_ptr + prow, l_i, mask=row_ok)
+
+
+def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
+             hkv: int) -> Optional[str]:
+    """None if the kernel handles this call, else the reason it does not."""
+    if q.shape[2] > MAX_QUERY_LEN:
+        return f"query length {q.shape[2]} > {MAX_QUERY_LEN} (prefill)"
+    if head_dim != v_head_dim:
+        return "K and V head dims differ"
+    for spec in (k_spec, v_spec):
+        if spec.method == "affine" and spec.resolved_group_size(head_dim) != head_dim:
+            return f"affine group_size={spec.group_size} < head_dim"
+    if q.shape[1] % hkv:
+        return "query heads are not a multiple of KV heads"
+    return None
+
+
+def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
+    if spec.method != "turbo":
+        return torch.zeros(1, device=device, dtype=torch.float32)
+    return turbo_centroids(d, spec.bits, device=device, dtype=torch.float32)
+
+
+def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
+                     v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
+                     attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
+                     softcap: float = 0.0, block_n: int = 64, num_splits: Optional[int] = None) -> torch.Tensor:
+    """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``."""
+    B, HQ, L, D = q.shape
+    HKV, S = k_codes.shape[1], k_codes.shape[2]
+    G = HQ // HKV
+    scale = D ** -0.5 if scale is None else scale
+    if k_spec.method == "turbo":
+        q = q.float() @ rotation_matrix(D, k_spec.seed, device=q.device, dtype=torch.float32).T
+    q = q.contiguous() if q.stride(-1) != 1 else q
+    for t in (k_codes, k_meta, v_codes, v_meta):
+        assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
+    M = max(16, triton.next_power_of_2(G * L))
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        num_splits = max(1, min(triton.cdiv(2 * sms, B * HKV), triton.cdiv(S, block_n)))
+    # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
+    split_blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(S, 1), num_splits), block_n))
+    num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
+    po = torch.empty(B, HQ, L, num_splits, BLOCK_D, device=q.device, dtype=torch.float32)
+    pm = torch.empty(B, HQ, L, num_splits, device=q.device, dtype=torch.float32)
+    pl = torch.empty_like(pm)
+    if attn_mask is not None:
+        mask = attn_mask.expand(B, HQ, L, S)
+        if mask.dtype == torch.bool:
+            mask = mask.view(torch.uint8) if mask.is_contiguous() else mask.to(torch.uint8)
+        strides = mask.stride()
+    else:
+        mask, strides = q, (0, 0, 0, 0)
+    _decode_split_kernel[(B * HKV, num_splits)](
+        q, k_codes, k_meta, v_codes, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device), mask,
+        po, pm, pl,
+        S, float(scale), float(softcap or 0.0),
+        q.stride(0), q.stride(1), q.stride(2),
+        k_codes.stride(0), k_codes.stride(1), k_codes.stride(2),
+        k_meta.stride(0), k_meta.stride(1), k_meta.stride(2),
+        v_codes.stride(0), v_codes.stride(1), v_codes.stride(2),
+        v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
+        *strides,
+        HKV=HKV, G=G, L=L, M=M, D=D, BLOCK_D=BLOCK_D, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+        K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_spec.method == "turbo", V_TURBO=v_spec.method == "turbo",
+        K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1],
+        HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap),
+    )
+    # merge the splits (log-sum-exp); a row with every key masked has l = 0 everywhere -> 0
+    m_max = pm.amax(-1, keepdim=True)
+    m_max = torch.where(torch.isfinite(m_max), m_max, torch.zeros_like(m_max))
+    w = torch.exp(pm - m_max)
+    den = (w * pl).sum(-1, keepdim=True)
+    out = (w.unsqueeze(-1) * po).sum(-2)[..., :D] / torch.where(den > 0, den, torch.ones_like(den))
+    if v_spec.method == "turbo":
+        out = out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)
+    return out
