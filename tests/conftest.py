@@ -1,8 +1,13 @@
 import os
 
-import pytest
 import torch
-from hypothesis import settings
+
+if not torch.cuda.is_available():
+    # Triton kernels run on CPU tensors under the interpreter; it must be set before they are imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None, max_examples=30)

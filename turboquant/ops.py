@@ -45,15 +45,9 @@ def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpe
     return decode(c, m, spec, dtype)
 
 
-@torch.library.custom_op("turboquant::attention", mutates_args=())
-def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
-              v_meta: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-              k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int,
-              softcap: float = 0.0) -> torch.Tensor:
-    """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv).
-
-    ``softcap > 0`` caps the scores as :func:`turboquant.quant.reference.masked_softmax` does.
-    """
+def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
+                       v_head_dim, softcap):
+    """Decode the caches and attend in float32 (CPU, and what the CUDA kernel does not cover)."""
     k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
     v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
@@ -67,6 +61,34 @@ def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_co
         out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                              enable_gqa=q.shape[1] != k.shape[1])
     return out.to(q.dtype).contiguous()
+
+
+@torch.library.custom_op("turboquant::attention", mutates_args=())
+def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
+              v_meta: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+              k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int,
+              softcap: float = 0.0) -> torch.Tensor:
+    """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv).
+
+    ``softcap > 0`` caps the scores as :func:`turboquant.quant.reference.masked_softmax` does.
+    On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention`.
+    """
+    return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
+                              head_dim, v_head_dim, softcap)
+
+
+@attention.register_kernel("cuda")
+def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
+                    v_head_dim, softcap=0.0):
+    from .templates import decode_attention as kernel  # Triton: imported only where a GPU runs
+
+    ks, vs = _spec_from_args(k_spec), _spec_from_args(v_spec)
+    if kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
+        out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
+                                      is_causal=is_causal, scale=scale, softcap=softcap)
+        return out.to(q.dtype)
+    return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
+                              head_dim, v_head_dim, softcap)
 
 
 @attention.register_fake

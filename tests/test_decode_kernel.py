@@ -1,0 +1,111 @@
+"""The Triton decode-attention kernel against the oracle on the same codes.
+
+On CPU it runs under TRITON_INTERPRET=1 on small shapes; the ``gpu`` tests run full sizes.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from turboquant import KVQuantConfig, quantize_kv, reference_attention
+
+pytest.importorskip("triton")
+from turboquant.templates.decode_attention import decode_attention, supports  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 2e-3  # relative error of the kernel vs the float64 oracle on the same codes (bf16-class output)
+
+
+def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.float32, softcap=0.0, scale=None):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, hkv * g, L, D, generator=gen).to(dtype)
+    k = torch.randn(B, hkv, S, D, generator=gen) * 2
+    v = torch.randn(B, hkv, S, D, generator=gen)
+    cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
+    kq, vq = quantize_kv(k.to(DEVICE), cfg), quantize_kv(v.to(DEVICE), cfg, role="v")
+    m = None
+    if mask == "bool":
+        m = torch.rand(B, 1, L, S, generator=gen) > 0.3
+        m[..., 0] = True
+    elif mask == "additive":
+        m = torch.randn(B, hkv * g, L, S, generator=gen)
+    elif mask == "padded":  # left padding: some keys of batch row 0 masked for every query
+        m = torch.ones(B, 1, L, S, dtype=torch.bool)
+        m[0, ..., : S // 3] = False
+    m = None if m is None else m.to(DEVICE)
+    q = q.to(DEVICE)
+    out = decode_attention(q, kq.codes, kq.meta.flatten(-2) if method == "affine" else kq.meta, vq.codes,
+                           vq.meta.flatten(-2) if method == "affine" else vq.meta, kq.spec, vq.spec, D,
+                           attn_mask=m, is_causal=mask == "causal", scale=scale, softcap=softcap,
+                           block_n=16 if DEVICE == "cpu" else 64)
+    ref = reference_attention(q, kq, vq, attn_mask=m, is_causal=mask == "causal", scale=scale,
+                              softcap=softcap or None)
+    return out, ref
+
+
+def _rel(out, ref):
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (3, 3), (2, 2), (8, 4), (4, 3)])
+def test_every_bit_width(method, bits):
+    out, ref = _case(method, *bits, B=2, hkv=2, g=4, L=1, S=45, D=64, mask=None, seed=sum(bits))
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive", "padded", "causal"])
+def test_masks(mask):
+    out, ref = _case("affine", 4, 4, B=2, hkv=1, g=4, L=3, S=33, D=64, mask=mask, seed=3)
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("D", [80, 96, 128])
+def test_head_dims(D):
+    out, ref = _case("turbo", 4, 3, B=1, hkv=2, g=2, L=2, S=20, D=D, mask=None, seed=D)
+    assert _rel(out, ref) < TOL
+
+
+def test_softcap_scale_bf16_and_length_one():
+    out, ref = _case("affine", 8, 4, B=1, hkv=2, g=8, L=1, S=1, D=64, mask=None, seed=9, dtype=torch.bfloat16,
+                     softcap=5.0, scale=0.3)
+    assert _rel(out, ref) < TOL
+
+
+@given(method=st.sampled_from(["affine", "turbo"]), k_bits=st.sampled_from([2, 3, 4, 8]),
+       v_bits=st.sampled_from([2, 3, 4, 8]), g=st.sampled_from([1, 4, 8]), L=st.integers(1, 8),
+       S=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_property(method, k_bits, v_bits, g, L, S, seed):
+    out, ref = _case(method, k_bits, v_bits, B=1, hkv=1, g=g, L=L, S=S, D=64, mask=None, seed=seed)
+    assert _rel(out, ref) < TOL
+
+
+def test_supports_names_what_it_leaves_to_the_fallback():
+    q = torch.zeros(1, 4, 9, 64)
+    spec = KVQuantConfig().spec("k")
+    assert "prefill" in supports(q, spec, spec, 64, 64, 2)
+    assert "group_size" in supports(q[:, :, :1], KVQuantConfig(group_size=32).spec("k"), spec, 64, 64, 2)
+    assert supports(q[:, :, :1], spec, spec, 64, 64, 2) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("S", [1, 17, 4097])
+def test_full_size_on_gpu(method, S):
+    out, ref = _case(method, 4, 3, B=17, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL
+
+
+@pytest.mark.gpu
+def test_op_dispatches_to_the_kernel_on_cuda():
+    from turboquant.cache import QuantizedCacheTensor
+
+    cfg = KVQuantConfig(method="turbo", bits=3)
+    k = torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.bfloat16)
+    kc = QuantizedCacheTensor.from_dense(k, cfg.spec("k"))
+    vc = QuantizedCacheTensor.from_dense(k, cfg.spec("v"))
+    q = torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+    ref = reference_attention(q, quantize_kv(k, cfg), quantize_kv(k, cfg, role="v"))
+    assert _rel(out, ref) < TOL
