@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["inductor_compile", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
+__all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
            "real_tolist"]
 
 
@@ -22,7 +22,15 @@ def inductor_compile(gm, example_inputs, mode=None):
     patches = {}
     if mode not in (None, "default"):
         patches = dict(torch._inductor.list_mode_options(mode))
+    # keep the fp16 round trip of scales/zeros: without it compiled codes differ from the oracle's
+    # by one step where a value sits on a rounding boundary (seen on torch 2.11)
+    patches["emulate_precision_casts"] = True
     return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def exact_casts():
+    """Context in which plain ``torch.compile`` keeps dtype round trips, as turboquant's backend does."""
+    return torch._inductor.config.patch(emulate_precision_casts=True)
 
 
 def run_and_get_code(fn, *args, **kwargs):

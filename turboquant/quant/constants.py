@@ -17,4 +17,15 @@ def as_constant(table: torch.Tensor, device=None, dtype=None) -> torch.Tensor:
     """
     if tracing_with_fake_tensors():
         return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)
-    return table.to(device=device, dtype=dtype)
+    if device is None or torch.device(device).type == "cpu":
+        return table.to(dtype=dtype)
+    # one copy per device and dtype: a host-to-device copy per call would sync, and is not
+    # allowed at all while a CUDA graph is being captured
+    key = (id(table), str(torch.device(device)), dtype)
+    hit = _ON_DEVICE.get(key)
+    if hit is None or hit[0] is not table:
+        hit = _ON_DEVICE[key] = (table, table.to(device=device, dtype=dtype))
+    return hit[1]
+
+
+_ON_DEVICE: dict = {}

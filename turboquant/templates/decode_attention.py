@@ -174,10 +174,16 @@ def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, 
     return None
 
 
+_LUTS: dict = {}
+
+
 def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
-    if spec.method != "turbo":
-        return torch.zeros(1, device=device, dtype=torch.float32)
-    return turbo_centroids(d, spec.bits, device=device, dtype=torch.float32)
+    """The centroid table a turbo code indexes (a dummy for affine), made once per device."""
+    key = (spec.method, spec.bits, d, str(device))
+    if key not in _LUTS:
+        _LUTS[key] = (turbo_centroids(d, spec.bits, device=device, dtype=torch.float32) if spec.method == "turbo"
+                      else torch.zeros(1, device=device, dtype=torch.float32))
+    return _LUTS[key]
 
 
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
