@@ -35,21 +35,49 @@ MAX_QUERY_LEN = 8
 
 
 @triton.jit
-def _unpack(codes_row_ptr, n_mask, d, d_mask, BITS: tl.constexpr, NBYTES: tl.constexpr):
-    """Codes ``[BLOCK_N, BLOCK_D]`` (int32) of packed rows at ``codes_row_ptr`` ([BLOCK_N, 1] pointers)."""
+def _bytes(row_ptr, n_mask, j, NBYTES: tl.constexpr):
+    """Bytes ``j`` (a [BLOCK] range) of each row as int32 ``[BLOCK_N, BLOCK]``."""
+    return tl.load(row_ptr + j[None, :], mask=n_mask[:, None] & (j[None, :] < NBYTES), other=0).to(tl.int32)
+
+
+@triton.jit
+def _unpack(codes_row_ptr, n_mask, BITS: tl.constexpr, NBYTES: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Codes ``[BLOCK_N, BLOCK_D]`` (int32) of packed rows at ``codes_row_ptr`` ([BLOCK_N, 1] pointers).
+
+    Bytes are loaded as contiguous tiles and split in registers; ``tl.join`` + reshape put the
+    codes back in element order (code ``t`` of a byte block sits at bits ``t·BITS``).
+    """
+    BLOCK_N: tl.constexpr = codes_row_ptr.shape[0]
     if BITS == 8:
-        c = tl.load(codes_row_ptr + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0).to(tl.int32)
-    else:
-        bit = d * BITS
-        byte = bit // 8
-        shift = bit % 8
-        m = n_mask[:, None] & d_mask[None, :]
-        lo = tl.load(codes_row_ptr + byte[None, :], mask=m, other=0).to(tl.int32)
-        if BITS == 3:  # a 3-bit code may straddle two bytes
-            hi = tl.load(codes_row_ptr + byte[None, :] + 1, mask=m & (byte[None, :] + 1 < NBYTES), other=0)
-            lo = lo | (hi.to(tl.int32) << 8)
-        c = (lo >> shift[None, :]) & ((1 << BITS) - 1)
+        c = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D), NBYTES)
+    elif BITS == 4:
+        b = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D // 2), NBYTES)
+        c = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_D))
+    elif BITS == 2:
+        b = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D // 4), NBYTES)
+        lo = tl.join(b & 3, (b >> 4) & 3)          # codes 0, 2 of each byte
+        hi = tl.join((b >> 2) & 3, (b >> 6) & 3)   # codes 1, 3
+        c = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_D))
+    else:  # 3 bits: a 24-bit word per 8 codes
+        j = tl.arange(0, BLOCK_D // 8) * 3
+        w = (_bytes(codes_row_ptr, n_mask, j, NBYTES) | (_bytes(codes_row_ptr, n_mask, j + 1, NBYTES) << 8)
+             | (_bytes(codes_row_ptr, n_mask, j + 2, NBYTES) << 16))
+        even = tl.join(tl.join(w & 7, (w >> 12) & 7), tl.join((w >> 6) & 7, (w >> 18) & 7))  # 0 4 2 6
+        odd = tl.join(tl.join((w >> 3) & 7, (w >> 15) & 7), tl.join((w >> 9) & 7, (w >> 21) & 7))  # 1 5 3 7
+        c = tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_D))
     return c
+
+
+@triton.jit
+def _lookup(lut_ptr, codes, BITS: tl.constexpr):
+    """Centroid values (fp16) of turbo ``codes``: a register gather for ≤ 16 entries, else a cached load."""
+    if BITS <= 4:
+        lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
+        src = tl.broadcast_to(lut[None, :], (codes.shape[0], 1 << BITS))
+        vals = tl.gather(src, codes, axis=1)
+    else:
+        vals = tl.load(lut_ptr + codes)
+    return vals.to(tl.float16)
 
 
 @triton.jit
@@ -100,11 +128,11 @@ def _decode_split_kernel(
         n64 = n.to(tl.int64)
 
         # ---- scores -------------------------------------------------------------------
-        kc = _unpack(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok, d, d_ok,
-                     K_BITS, K_NBYTES)
+        kc = _unpack(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
+                     K_BITS, K_NBYTES, BLOCK_D)
         km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
         if K_TURBO:
-            kval = tl.load(klut_ptr + kc).to(tl.float16)
+            kval = _lookup(klut_ptr, kc, K_BITS)
             norm_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(kval)) * norm_k[None, :]
         else:
@@ -135,11 +163,11 @@ def _decode_split_kernel(
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        vc = _unpack(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok, d, d_ok,
-                     V_BITS, V_NBYTES)
+        vc = _unpack(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
+                     V_BITS, V_NBYTES, BLOCK_D)
         vm_row = vm_ptr + b * stride_vmb + h * stride_vmh + n64 * stride_vms
         if V_TURBO:
-            vval = tl.load(vlut_ptr + vc).to(tl.float16)
+            vval = _lookup(vlut_ptr, vc, V_BITS)
             norm_v = tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)
             pv = (p * norm_v[None, :]).to(tl.float16)
             acc = acc * alpha[:, None] + tl.dot(pv, vval)
@@ -157,6 +185,26 @@ def _decode_split_kernel(
     tl.store(po_ptr + prow[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
     tl.store(pm_ptr + prow, m_i, mask=row_ok)
     tl.store(pl_ptr + prow, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_SPLITS: tl.constexpr):
+    """One output row from its splits' (max, normaliser, unnormalised output): log-sum-exp merge."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, BLOCK_SPLITS)
+    sp_ok = sp < n_splits
+    m = tl.load(pm_ptr + row * n_splits + sp, mask=sp_ok, other=float("-inf"))
+    l = tl.load(pl_ptr + row * n_splits + sp, mask=sp_ok, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(sp_ok, tl.exp(m - m_max), 0.0)
+    den = tl.sum(w * l, axis=0)
+    d = tl.arange(0, BLOCK_D)
+    o = tl.load(po_ptr + (row * n_splits + sp[:, None]) * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
+    acc = tl.sum(w[:, None] * o, axis=0)
+    acc = acc / tl.where(den > 0, den, 1.0)  # every key masked: 0, as the oracle
+    tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
@@ -189,12 +237,15 @@ def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-                     softcap: float = 0.0, block_n: int = 64, num_splits: Optional[int] = None) -> torch.Tensor:
-    """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``."""
+                     softcap: float = 0.0, block_n: int = 64, num_splits: Optional[int] = None,
+                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 4) -> torch.Tensor:
+    """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
+    in ``q``'s dtype."""
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
     scale = D ** -0.5 if scale is None else scale
+    q_dtype = q.dtype
     if k_spec.method == "turbo":
         q = q.float() @ rotation_matrix(D, k_spec.seed, device=q.device, dtype=torch.float32).T
     q = q.contiguous() if q.stride(-1) != 1 else q
@@ -204,7 +255,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     BLOCK_D = max(16, triton.next_power_of_2(D))
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        num_splits = max(1, min(triton.cdiv(2 * sms, B * HKV), triton.cdiv(S, block_n)))
+        num_splits = max(1, min(triton.cdiv(programs_per_sm * sms, B * HKV), triton.cdiv(S, block_n)))
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
@@ -232,14 +283,12 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_spec.method == "turbo", V_TURBO=v_spec.method == "turbo",
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1],
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
-        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap),
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), num_warps=num_warps, num_stages=num_stages,
     )
-    # merge the splits (log-sum-exp); a row with every key masked has l = 0 everywhere -> 0
-    m_max = pm.amax(-1, keepdim=True)
-    m_max = torch.where(torch.isfinite(m_max), m_max, torch.zeros_like(m_max))
-    w = torch.exp(pm - m_max)
-    den = (w * pl).sum(-1, keepdim=True)
-    out = (w.unsqueeze(-1) * po).sum(-2)[..., :D] / torch.where(den > 0, den, torch.ones_like(den))
+    out_dtype = torch.float32 if v_spec.method == "turbo" else q_dtype  # turbo still rotates back
+    out = torch.empty(B, HQ, L, D, device=q.device, dtype=out_dtype)
+    _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, num_splits, D=D, BLOCK_D=BLOCK_D,
+                                         BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)))
     if v_spec.method == "turbo":
-        out = out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)
+        out = (out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)).to(q_dtype)
     return out
