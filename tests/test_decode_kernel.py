@@ -38,7 +38,7 @@ def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.fl
     out = decode_attention(q, kq.codes, kq.meta.flatten(-2) if method == "affine" else kq.meta, vq.codes,
                            vq.meta.flatten(-2) if method == "affine" else vq.meta, kq.spec, vq.spec, D,
                            attn_mask=m, is_causal=mask == "causal", scale=scale, softcap=softcap,
-                           block_n=16 if DEVICE == "cpu" else 64)
+                           block_n=16 if DEVICE == "cpu" else 128)
     ref = reference_attention(q, kq, vq, attn_mask=m, is_causal=mask == "causal", scale=scale,
                               softcap=softcap or None)
     return out, ref

@@ -237,8 +237,8 @@ def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-                     softcap: float = 0.0, block_n: int = 64, num_splits: Optional[int] = None,
-                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 4) -> torch.Tensor:
+                     softcap: float = 0.0, block_n: int = 128, num_splits: Optional[int] = None,
+                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype."""
     B, HQ, L, D = q.shape
