@@ -66,16 +66,17 @@ class QuantizedCacheTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
-                dtype: torch.dtype):
-        shape = (*codes.shape[:-1], head_dim)
-        # mirror the codes' layout (expanded, transposed, sliced leading dims) so that model
-        # code's reshape/contiguous decisions on the cache match what the buffers can do
-        width = codes.shape[-1]
-        strides = (*(st // width * head_dim for st in codes.stride()[:-1]), 1)
-        return torch.Tensor._make_wrapper_subclass(cls, shape, strides=strides, dtype=dtype,
+                dtype: torch.dtype, outer_size=None, outer_stride=None):
+        if outer_size is None:
+            outer_size = (*codes.shape[:-1], head_dim)
+            # mirror the codes' layout (expanded, transposed, sliced leading dims) so that model
+            # code's reshape/contiguous decisions on the cache match what the buffers can do
+            width = codes.shape[-1]
+            outer_stride = (*(st // width * head_dim for st in codes.stride()[:-1]), 1)
+        return torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=dtype,
                                                    device=codes.device, requires_grad=False)
 
-    def __init__(self, codes, meta, spec, head_dim, dtype):
+    def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None):
         self.codes = codes
         self.meta = meta
         self.spec = spec
@@ -104,10 +105,15 @@ class QuantizedCacheTensor(torch.Tensor):
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         spec, head_dim, dtype = ctx
-        return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype)
+        # the outer size/stride Dynamo traced with (symbols with sources), not ones re-derived
+        # from the inner tensors: derived expressions carry symbols no guard can name
+        return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype, outer_size, outer_stride)
 
     def _stable_hash_for_caching(self) -> str:
-        return f"turboquant.QuantizedCacheTensor:{self.spec}:{self.head_dim}:{self.dtype}"
+        # the AOT/FX graph caches key subclass inputs by this string alone: it must pin the inner
+        # layouts too, or a graph compiled for other strides is reused (seen: "expected size 40==20")
+        return (f"turboquant.QuantizedCacheTensor:{self.spec}:{self.head_dim}:{self.dtype}:"
+                f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}")
 
     def __repr__(self):
         return (f"QuantizedCacheTensor(shape={tuple(self.shape)}, dtype={self.dtype}, method={self.spec.method}, "
