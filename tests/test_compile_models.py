@@ -207,8 +207,9 @@ def test_left_padded_batch_static_cache():
     assert all(r.status == "quantized" for r in turboquant.report(model))
 
 
-def test_gpt2_dynamic_cache():
-    base = tiny_hf_model("gpt2")
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_gpt2_dynamic_cache(attn):
+    base = tiny_hf_model("gpt2", attn=attn)
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(6))
     ref = _generate(base, ids)
     model = turboquant.compile(copy.deepcopy(base), bits=8)

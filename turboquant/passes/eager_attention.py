@@ -76,7 +76,7 @@ def _softmax_input(p) -> Optional[tuple]:
                 return None
             chain.append(p)
             p = p.args[0]
-        elif p.op == "call_method" and p.target in ("to", "type_as", "float", "half", "bfloat16"):
+        elif p.op == "call_method" and p.target in ("to", "type", "type_as", "float", "half", "bfloat16"):
             chain.append(p)
             p = p.args[0]
         elif _is(p, "call_function", (F.softmax, torch.softmax)) or (p.op == "call_method" and p.target == "softmax"):
