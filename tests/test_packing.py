@@ -31,6 +31,10 @@ def test_documented_layouts():
     assert pack_codes(torch.tensor([1, 2, 3, 0]), 2).tolist() == [0b00111001]
     word = sum(c << (3 * i) for i, c in enumerate(range(8)))  # codes 0..7
     assert pack_codes(torch.arange(8), 3).tolist() == [word & 0xFF, (word >> 8) & 0xFF, word >> 16]
+    # two words: byte-planar, byte k of word j at k·2 + j
+    w2 = sum(c << (3 * i) for i, c in enumerate([7, 6, 5, 4, 3, 2, 1, 0]))
+    assert pack_codes(torch.cat([torch.arange(8), 7 - torch.arange(8)]), 3).tolist() == [
+        word & 0xFF, w2 & 0xFF, (word >> 8) & 0xFF, (w2 >> 8) & 0xFF, word >> 16, w2 >> 16]
     assert pack_codes(torch.tensor([255, 7]), 8).tolist() == [255, 7]
 
 

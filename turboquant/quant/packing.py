@@ -5,11 +5,14 @@ Layouts (code ``i`` of a row, little-endian within each byte block):
 * 8 bits: one byte per code.
 * 4 bits: two codes per byte; code ``2j`` in the low nibble of byte ``j``.
 * 2 bits: four codes per byte; code ``4j + t`` in bits ``2t..2t+1`` of byte ``j``.
-* 3 bits: eight codes in three bytes; bytes ``3j..3j+2`` form the 24-bit little-endian
-  word ``w = b0 | b1 << 8 | b2 << 16`` and code ``8j + t`` is ``(w >> 3t) & 7``.
+* 3 bits: eight codes in a 24-bit little-endian word ``w = b0 | b1 << 8 | b2 << 16``,
+  code ``8j + t`` is ``(w >> 3t) & 7``. The row stores its words byte-planar: with
+  ``W = n / 8`` words, byte ``k`` of word ``j`` sits at ``k·W + j``.
 
 Every layout keeps a block of codes inside whole bytes, so a kernel can unpack any
-block of ``8 / gcd(8, bits)`` codes without touching its neighbours.
+block of ``8 / gcd(8, bits)`` codes without touching its neighbours. Byte-planar 3-bit rows
+let a kernel fetch each byte of all words with one contiguous (vectorised) load instead of
+three stride-3 loads.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     word = (blocks << shifts).sum(-1, dtype=torch.int32)  # disjoint bit fields: sum == or
     if bits == 3:
         byte_shifts = torch.tensor([0, 8, 16], device=c.device, dtype=torch.int32)
-        word = (word.unsqueeze(-1) >> byte_shifts) & 0xFF
+        word = ((word.unsqueeze(-2) >> byte_shifts.unsqueeze(-1)) & 0xFF)  # [..., 3, W]: byte-planar
     return word.to(torch.uint8).reshape(*c.shape[:-1], packed_size(n, bits))
 
 
@@ -61,8 +64,8 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     p = packed.to(torch.int32)
     per = CODES_PER_BLOCK[bits]
     if bits == 3:
-        b = p.reshape(*p.shape[:-1], n // 8, 3)
-        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+        b = p.reshape(*p.shape[:-1], 3, n // 8)
+        word = b[..., 0, :] | (b[..., 1, :] << 8) | (b[..., 2, :] << 16)
     else:
         word = p
     shifts = torch.arange(per, device=p.device, dtype=torch.int32) * bits

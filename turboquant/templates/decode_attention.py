@@ -19,6 +19,7 @@ merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the o
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -34,38 +35,111 @@ __all__ = ["decode_attention", "supports"]
 MAX_QUERY_LEN = 8
 
 
-@triton.jit
-def _bytes(row_ptr, n_mask, j, NBYTES: tl.constexpr):
-    """Bytes ``j`` (a [BLOCK] range) of each row as int32 ``[BLOCK_N, BLOCK]``."""
-    return tl.load(row_ptr + j[None, :], mask=n_mask[:, None] & (j[None, :] < NBYTES), other=0).to(tl.int32)
+LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is one instruction
+# fp16 with exponent bits 0x64 is 1024 + its low 10 bits: OR-ing a code (< 1024) into 0x6400
+# makes "1024 + code" in fp16 with integer ops alone; the 1024 comes off with the zero point.
+MAGIC = tl.constexpr(1024.0)
+
+
+def _planes(bits: int) -> int:
+    """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``."""
+    return 8 if bits == 3 else 8 // bits
 
 
 @triton.jit
-def _unpack(codes_row_ptr, n_mask, BITS: tl.constexpr, NBYTES: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Codes ``[BLOCK_N, BLOCK_D]`` (int32) of packed rows at ``codes_row_ptr`` ([BLOCK_N, 1] pointers).
+def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr):
+    """The bytes that hold plane column ``t`` of each row (uint8 ``[BLOCK_N, PW]``; three for 3 bits).
 
-    Bytes are loaded as contiguous tiles and split in registers; ``tl.join`` + reshape put the
-    codes back in element order (code ``t`` of a byte block sits at bits ``t·BITS``).
+    For 2, 4 and 8 bits byte ``t`` holds the codes of dims ``planes·t … planes·t + planes − 1``;
+    for 3 bits the 24-bit word ``t`` holds dims ``8t … 8t + 7`` and its bytes lie byte-planar at
+    ``t``, ``W + t``, ``2W + t`` (``W = NBYTES / 3`` words): three contiguous loads.
     """
-    BLOCK_N: tl.constexpr = codes_row_ptr.shape[0]
+    t = tl.arange(0, PW)
+    if BITS == 3:
+        W: tl.constexpr = NBYTES // 3
+        ok = n_ok[:, None] & (t[None, :] < W)
+        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
+        b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
+        b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
+    else:
+        b0 = tl.load(row_ptr + t[None, :], mask=n_ok[:, None] & (t[None, :] < NBYTES), other=0)
+        b1 = b0
+        b2 = b0
+    return b0, b1, b2
+
+
+@triton.jit
+def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
+    """Integer codes (int32) of plane ``S`` from the row bytes of :func:`_load_row_bytes`."""
+    w0 = b0.to(tl.int32)
     if BITS == 8:
-        c = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D), NBYTES)
+        c = w0
     elif BITS == 4:
-        b = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D // 2), NBYTES)
-        c = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_D))
+        c = (w0 >> (4 * S)) & 15
     elif BITS == 2:
-        b = _bytes(codes_row_ptr, n_mask, tl.arange(0, BLOCK_D // 4), NBYTES)
-        lo = tl.join(b & 3, (b >> 4) & 3)          # codes 0, 2 of each byte
-        hi = tl.join((b >> 2) & 3, (b >> 6) & 3)   # codes 1, 3
-        c = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_D))
-    else:  # 3 bits: a 24-bit word per 8 codes
-        j = tl.arange(0, BLOCK_D // 8) * 3
-        w = (_bytes(codes_row_ptr, n_mask, j, NBYTES) | (_bytes(codes_row_ptr, n_mask, j + 1, NBYTES) << 8)
-             | (_bytes(codes_row_ptr, n_mask, j + 2, NBYTES) << 16))
-        even = tl.join(tl.join(w & 7, (w >> 12) & 7), tl.join((w >> 6) & 7, (w >> 18) & 7))  # 0 4 2 6
-        odd = tl.join(tl.join((w >> 3) & 7, (w >> 15) & 7), tl.join((w >> 9) & 7, (w >> 21) & 7))  # 1 5 3 7
-        c = tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_D))
+        c = (w0 >> (2 * S)) & 3
+    else:
+        w1 = b1.to(tl.int32)
+        w2 = b2.to(tl.int32)
+        if S == 0:
+            c = w0 & 7
+        elif S == 1:
+            c = (w0 >> 3) & 7
+        elif S == 2:
+            c = (w0 >> 6) | ((w1 & 1) << 2)
+        elif S == 3:
+            c = (w1 >> 1) & 7
+        elif S == 4:
+            c = (w1 >> 4) & 7
+        elif S == 5:
+            c = (w1 >> 7) | ((w2 & 3) << 1)
+        elif S == 6:
+            c = (w2 >> 2) & 7
+        else:
+            c = w2 >> 5
     return c
+
+
+@triton.jit
+def _magic_asm(b, BITS: tl.constexpr, S: tl.constexpr):
+    """``1024 + code`` (fp16) of plane ``S`` of packed bytes ``b``, four bytes per PTX call: a shift and
+    a mask pick the plane's field in every byte, two byte permutes put each field under 0x64."""
+    if BITS == 8:
+        asm: tl.constexpr = "{ .reg .b32 k; mov.b32 k, 0x64646464; prmt.b32 $0, $2, k, 0x4140; prmt.b32 $1, $2, k, 0x4342; }"
+    elif BITS == 4:
+        if S == 0:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; and.b32 t, $2, 0x0F0F0F0F; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+        else:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 4; and.b32 t, t, 0x0F0F0F0F; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+    else:  # 2 bits
+        if S == 0:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; and.b32 t, $2, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+        elif S == 1:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 2; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+        elif S == 2:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 4; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+        else:
+            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 6; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+    return tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
+                  USE_ASM: tl.constexpr, OFFSET: tl.constexpr):
+    """fp16 ``[BLOCK_N, PW]`` values of plane ``S``: turbo centroids, or affine codes — ``1024 + code``
+    with ``OFFSET`` (2/4/8 bits; the caller folds the 1024 into the zero point), else the code itself."""
+    if TURBO:
+        vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
+    elif BITS == 3:  # three source bytes: a plain conversion keeps the unpack in registers
+        vals = _plane_codes(b0, b1, b2, S, BITS).to(tl.float16)
+    else:
+        if USE_ASM:
+            vals = _magic_asm(b0, BITS, S)
+        else:
+            vals = (_plane_codes(b0, b1, b2, S, BITS) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        if not OFFSET:
+            vals = vals - 1024.0  # exact in fp16
+    return vals
 
 
 @triton.jit
@@ -81,6 +155,23 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
 
 
 @triton.jit
+def _q_plane(q_row_ptr, row_ok, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+    """``q[:, P·t + S]`` (fp16 ``[M, PW]``): the query dims that meet plane ``S`` of the keys."""
+    t = tl.arange(0, PW)
+    dim = t * P + S
+    return tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0
+                   ).to(tl.float16)
+
+
+@triton.jit
+def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, row_ok, D_OUT: tl.constexpr):
+    """Store plane ``S`` of an output row block (dims ``P·t + S``, those below ``D_OUT``)."""
+    t = tl.arange(0, PW)
+    dim = t * P + S
+    tl.store(row_ptr + dim[None, :], acc.to(row_ptr.dtype.element_ty), mask=row_ok[:, None] & (dim[None, :] < D_OUT))
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, mask_ptr,
     po_ptr, pm_ptr, pl_ptr,
@@ -91,14 +182,20 @@ def _decode_split_kernel(
     stride_vcb, stride_vch, stride_vcs,
     stride_vmb, stride_vmh, stride_vms,
     stride_mb, stride_mh, stride_ml, stride_ms,
-    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
-    K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr,
+    K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
+    KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
+    # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
+    # matching strided query dims (keys), and the values accumulate into P strided output slices.
     tl.static_assert(M >= G * L)
-    tl.static_assert(BLOCK_D >= D)
+    tl.static_assert(KP * KPW >= D)
+    tl.static_assert(VP * VPW >= D)
+    tl.static_assert(KPW >= 16)
+    tl.static_assert(VPW >= 16)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -109,17 +206,31 @@ def _decode_split_kernel(
     row_ok = rows < G * L
     qh = h * G + rows // L
     ql = rows % L
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
+    q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
+    q0 = _q_plane(q_row, row_ok, 0, KP, KPW, D)
+    q1 = _q_plane(q_row, row_ok, 1, KP, KPW, D)
+    q2 = _q_plane(q_row, row_ok, 2, KP, KPW, D)
+    q3 = _q_plane(q_row, row_ok, 3, KP, KPW, D)
+    q4 = _q_plane(q_row, row_ok, 4, KP, KPW, D)
+    q5 = _q_plane(q_row, row_ok, 5, KP, KPW, D)
+    q6 = _q_plane(q_row, row_ok, 6, KP, KPW, D)
+    q7 = _q_plane(q_row, row_ok, 7, KP, KPW, D)
+    # Σq of the fp16 query the dots see: affine keys are 1024 + code, so the zero point z becomes z + 1024
+    q_sum = tl.sum((q0.to(tl.float32) + q1.to(tl.float32) + q2.to(tl.float32) + q3.to(tl.float32)
+                    + q4.to(tl.float32) + q5.to(tl.float32) + q6.to(tl.float32) + q7.to(tl.float32)), axis=1)
 
-    q = tl.load(q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float16)
-    q_sum = tl.sum(q.to(tl.float32), axis=1)
-
-    m_i = tl.full([M], float("-inf"), tl.float32)
+    m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
     l_i = tl.zeros([M], tl.float32)
-    acc = tl.zeros([M, BLOCK_D], tl.float32)
+    a0 = tl.zeros([M, VPW], tl.float32)
+    a1 = tl.zeros([M, VPW], tl.float32)
+    a2 = tl.zeros([M, VPW], tl.float32)
+    a3 = tl.zeros([M, VPW], tl.float32)
+    a4 = tl.zeros([M, VPW], tl.float32)
+    a5 = tl.zeros([M, VPW], tl.float32)
+    a6 = tl.zeros([M, VPW], tl.float32)
+    a7 = tl.zeros([M, VPW], tl.float32)
     z_acc = tl.zeros([M], tl.float32)
+    qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
 
     start = split * (SPLIT_BLOCKS * BLOCK_N)
     for i in range(SPLIT_BLOCKS):
@@ -128,69 +239,101 @@ def _decode_split_kernel(
         n64 = n.to(tl.int64)
 
         # ---- scores -------------------------------------------------------------------
-        kc = _unpack(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
-                     K_BITS, K_NBYTES, BLOCK_D)
+        k0, k1, k2 = _load_row_bytes(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
+                                     K_BITS, K_NBYTES, KPW)
+        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)))
+        if KP > 1:
+            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+        if KP > 2:
+            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+        if KP > 4:
+            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
         km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
         if K_TURBO:
-            kval = _lookup(klut_ptr, kc, K_BITS)
-            norm_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(kval)) * norm_k[None, :]
+            s = dots * (tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale)[None, :]
         else:
-            s_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32)
-            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32)
-            dots = tl.dot(q, tl.trans(kc.to(tl.float16)))
-            s = (dots - q_sum[:, None] * z_k[None, :]) * s_k[None, :]
-        s = s * sm_scale
+            a_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale
+            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32) + (MAGIC if K_BITS != 3 else 0.0)
+            s = dots * a_k[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
-        keep = n_ok[None, :] & row_ok[:, None]
+            s = s * LOG2E
+        # rows past G·L are padding (zero queries, never stored): only keys are masked
+        keep = n_ok[None, :]
         if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
             keep = keep & (n[None, :] <= ql[:, None])
         if HAS_MASK:
+            keep = keep & row_ok[:, None]
             mptr = mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml + n64[None, :] * stride_ms
             if MASK_BOOL:
                 keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
             else:
-                s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32)
+                s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
         s = tl.where(keep, s, float("-inf"))
 
-        # ---- online softmax -------------------------------------------------------------
+        # ---- online softmax (base 2) ------------------------------------------------------
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        vc = _unpack(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
-                     V_BITS, V_NBYTES, BLOCK_D)
         vm_row = vm_ptr + b * stride_vmb + h * stride_vmh + n64 * stride_vms
-        if V_TURBO:
-            vval = _lookup(vlut_ptr, vc, V_BITS)
-            norm_v = tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)
-            pv = (p * norm_v[None, :]).to(tl.float16)
-            acc = acc * alpha[:, None] + tl.dot(pv, vval)
-        else:
-            s_v = tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)
+        pv = (p * tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(tl.float16)
+        if not V_TURBO:
+            # values enter the dots as exact codes: a 1024 offset would cancel over thousands of keys
             z_v = tl.load(vm_row + 1, mask=n_ok, other=0.0).to(tl.float32)
-            pv32 = p * s_v[None, :]
-            acc = acc * alpha[:, None] + tl.dot(pv32.to(tl.float16), vc.to(tl.float16))
-            z_acc = z_acc * alpha + tl.sum(pv32 * z_v[None, :], axis=1)
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * z_v[None, :], axis=1)
+        v0, v1, v2 = _load_row_bytes(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
+                                     V_BITS, V_NBYTES, VPW)
+        a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a0 * alpha[:, None])
+        if VP > 1:
+            a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a1 * alpha[:, None])
+        if VP > 2:
+            a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a2 * alpha[:, None])
+            a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a3 * alpha[:, None])
+        if VP > 4:
+            a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a4 * alpha[:, None])
+            a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a5 * alpha[:, None])
+            a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a6 * alpha[:, None])
+            a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a7 * alpha[:, None])
 
-    if not V_TURBO:
-        acc = acc - z_acc[:, None]
-    # partials: [B, Hq, L, n_splits, (BLOCK_D | 1)]
-    prow = ((b * HKV * G + qh) * L + ql) * n_splits + split
-    tl.store(po_ptr + prow[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
-    tl.store(pm_ptr + prow, m_i, mask=row_ok)
-    tl.store(pl_ptr + prow, l_i, mask=row_ok)
+    W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
+    if FINAL:  # one split: normalise here and skip the merge launch
+        out_row = po_ptr + ((b * HKV * G + qh) * L + ql)[:, None] * D
+        inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # every key masked: 0, as the oracle
+        z_c = (z_acc * inv)[:, None]
+        inv = inv[:, None]
+    else:  # partials: [B, Hq, L, n_splits, VP·VPW] in natural dim order
+        prow = ((b * HKV * G + qh) * L + ql) * n_splits + split
+        out_row = po_ptr + prow[:, None] * (VP * VPW)
+        inv = tl.full([M, 1], 1.0, tl.float32)
+        z_c = z_acc[:, None]
+        tl.store(pm_ptr + prow, m_i, mask=row_ok)
+        tl.store(pl_ptr + prow, l_i, mask=row_ok)
+    _store_plane(out_row, a0 * inv - z_c, 0, VP, VPW, row_ok, W_OUT)
+    if VP > 1:
+        _store_plane(out_row, a1 * inv - z_c, 1, VP, VPW, row_ok, W_OUT)
+    if VP > 2:
+        _store_plane(out_row, a2 * inv - z_c, 2, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a3 * inv - z_c, 3, VP, VPW, row_ok, W_OUT)
+    if VP > 4:
+        _store_plane(out_row, a4 * inv - z_c, 4, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a5 * inv - z_c, 5, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a6 * inv - z_c, 6, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a7 * inv - z_c, 7, VP, VPW, row_ok, W_OUT)
 
 
 @triton.jit
-def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_SPLITS: tl.constexpr):
-    """One output row from its splits' (max, normaliser, unnormalised output): log-sum-exp merge."""
+def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
+    """One output row from its splits' (max in log2 units, normaliser, unnormalised output)."""
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
     sp_ok = sp < n_splits
@@ -198,10 +341,11 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.conste
     l = tl.load(pl_ptr + row * n_splits + sp, mask=sp_ok, other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.where(sp_ok, tl.exp(m - m_max), 0.0)
+    w = tl.where(sp_ok, tl.exp2(m - m_max), 0.0)
     den = tl.sum(w * l, axis=0)
     d = tl.arange(0, BLOCK_D)
-    o = tl.load(po_ptr + (row * n_splits + sp[:, None]) * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
+    o = tl.load(po_ptr + (row * n_splits + sp[:, None]) * PO_W + d[None, :], mask=sp_ok[:, None] & (d[None, :] < D),
+                other=0.0)
     acc = tl.sum(w[:, None] * o, axis=0)
     acc = acc / tl.where(den > 0, den, 1.0)  # every key masked: 0, as the oracle
     tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
@@ -222,6 +366,11 @@ def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, 
     return None
 
 
+def _use_asm(q: torch.Tensor) -> bool:
+    """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
+    return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 _LUTS: dict = {}
 
 
@@ -237,8 +386,9 @@ def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-                     softcap: float = 0.0, block_n: int = 128, num_splits: Optional[int] = None,
-                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8) -> torch.Tensor:
+                     softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
+                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8,
+                     use_asm: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype."""
     B, HQ, L, D = q.shape
@@ -252,16 +402,27 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
     M = max(16, triton.next_power_of_2(G * L))
-    BLOCK_D = max(16, triton.next_power_of_2(D))
+    KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
+    KPW = max(16, triton.next_power_of_2(triton.cdiv(D, KP)))
+    VPW = max(16, triton.next_power_of_2(triton.cdiv(D, VP)))
+    if block_n is None:
+        block_n = 64 if 3 in (k_spec.bits, v_spec.bits) else 128  # 3-bit planes need the registers
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = max(1, min(triton.cdiv(programs_per_sm * sms, B * HKV), triton.cdiv(S, block_n)))
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
-    po = torch.empty(B, HQ, L, num_splits, BLOCK_D, device=q.device, dtype=torch.float32)
-    pm = torch.empty(B, HQ, L, num_splits, device=q.device, dtype=torch.float32)
-    pl = torch.empty_like(pm)
+    final = num_splits == 1
+    out_dtype = torch.float32 if v_spec.method == "turbo" else q_dtype  # turbo still rotates back
+    out = torch.empty(B, HQ, L, D, device=q.device, dtype=out_dtype)
+    if final:
+        po = out
+        pm = pl = out  # unused
+    else:
+        po = torch.empty(B, HQ, L, num_splits, VP * VPW, device=q.device, dtype=torch.float32)
+        pm = torch.empty(B, HQ, L, num_splits, device=q.device, dtype=torch.float32)
+        pl = torch.empty_like(pm)
     if attn_mask is not None:
         mask = attn_mask.expand(B, HQ, L, S)
         if mask.dtype == torch.bool:
@@ -279,16 +440,17 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         v_codes.stride(0), v_codes.stride(1), v_codes.stride(2),
         v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
         *strides,
-        HKV=HKV, G=G, L=L, M=M, D=D, BLOCK_D=BLOCK_D, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+        HKV=HKV, G=G, L=L, M=M, D=D, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_spec.method == "turbo", V_TURBO=v_spec.method == "turbo",
-        K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1],
+        K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
+        USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), num_warps=num_warps, num_stages=num_stages,
     )
-    out_dtype = torch.float32 if v_spec.method == "turbo" else q_dtype  # turbo still rotates back
-    out = torch.empty(B, HQ, L, D, device=q.device, dtype=out_dtype)
-    _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, num_splits, D=D, BLOCK_D=BLOCK_D,
-                                         BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)))
+    if not final:
+        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, num_splits, D=D, PO_W=VP * VPW,
+                                            BLOCK_D=max(16, triton.next_power_of_2(D)),
+                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)))
     if v_spec.method == "turbo":
         out = (out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)).to(q_dtype)
     return out
