@@ -35,6 +35,12 @@ def _demo(args) -> int:
     return 0
 
 
+def _eval(args) -> int:
+    from .eval.run import run_from_args
+
+    return run_from_args(args, args._argv)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tq", description="turboquant: quantized KV caches for PyTorch models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -54,11 +60,19 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--new-tokens", type=int, default=32)
     m.add_argument("--batch", type=int, default=1)
     m.set_defaults(func=_demo)
+    from .eval.run import add_arguments as eval_arguments
+
+    e = sub.add_parser("eval", help="perplexity, KL, top-1 agreement and needle retrieval per configuration",
+                       description="Fidelity of quantized KV caches on held-out text (turboquant/eval/run.py).")
+    eval_arguments(e)
+    e.set_defaults(func=_eval)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    args._argv = argv
     return args.func(args)
 
 

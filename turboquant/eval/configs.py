@@ -1,0 +1,122 @@
+"""Configuration spec strings for ``tq eval``: ``"affine-8"``, ``"turbo-3"``, ``"affine-k8v4"``, ….
+
+Grammar: ``METHOD-BITS[-OPTION...]`` or ``METHOD-kKBITSvVBITS[-OPTION...]``, or ``none`` (the
+unquantized model; also ``unquantized``, ``dense``). Options, each introduced by ``-``:
+
+========  ==============================  =====================================
+``gN``    group_size=N (affine)           ``affine-4-g32``
+``cP``    clip_percentile=P (affine)      ``affine-3-c99.9``
+``sN``    seed=N (turbo rotation)         ``turbo-3-s1``
+``mfp32`` metadata_dtype (fp16/bf16/fp32) ``affine-2-mfp32``
+``pN``    keep N boundary layers at      reserved: not implemented by
+          higher precision                ``turboquant.compile`` yet (raises)
+========  ==============================  =====================================
+
+A new option is one entry in :data:`_OPTIONS`: a prefix, the ``turboquant.compile`` keyword it
+sets and a parser. Everything is validated by :class:`~turboquant.KVQuantConfig` when parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..config import KVQuantConfig, METHODS
+
+__all__ = ["EvalConfig", "parse_config", "parse_configs", "DEFAULT_CONFIGS", "BASELINE_NAMES"]
+
+DEFAULT_CONFIGS = ("affine-8", "affine-4", "affine-3", "affine-2", "turbo-4", "turbo-3", "turbo-2",
+                   "affine-k8v4", "affine-k4v3", "turbo-k8v4", "turbo-k4v3")
+BASELINE_NAMES = ("none", "unquantized", "dense", "bf16", "fp16", "fp32")
+
+
+def _not_yet(what: str) -> Callable[[str], object]:
+    def parse(_: str):
+        raise ValueError(f"{what} is not implemented in turboquant.compile yet")
+    return parse
+
+
+# prefix -> (turboquant.compile keyword, parser of the rest of the token)
+_OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
+    "g": ("group_size", int),
+    "c": ("clip_percentile", float),
+    "s": ("seed", int),
+    "m": ("metadata_dtype", str),
+    "p": ("protect_layers", _not_yet("-pN (protected boundary layers)")),
+}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One row of the evaluation: a name and the ``turboquant.compile`` keywords (empty: unquantized)."""
+
+    name: str
+    options: Tuple[Tuple[str, object], ...] = field(default_factory=tuple)
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.options)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.options)
+
+    def kv_config(self) -> Optional[KVQuantConfig]:
+        return KVQuantConfig.from_kwargs(**self.kwargs) if self.quantized else None
+
+    @property
+    def method(self) -> str:
+        return self.kwargs.get("method", "none")
+
+    @property
+    def bits(self) -> Tuple[Optional[int], Optional[int]]:
+        """``(k_bits, v_bits)``; ``(None, None)`` when unquantized."""
+        c = self.kv_config()
+        return (c.spec("k").bits, c.spec("v").bits) if c else (None, None)
+
+
+_HEAD = re.compile(r"^(?P<method>[a-z]+)-(?:(?P<bits>\d+)|k(?P<k>\d+)v(?P<v>\d+))$")
+
+
+def parse_config(spec: str) -> EvalConfig:
+    """``"turbo-k4v3-s1"`` → ``EvalConfig("turbo-k4v3-s1", method="turbo", bits=4, k_bits=4, v_bits=3, seed=1)``."""
+    text = spec.strip().lower()
+    if text in BASELINE_NAMES:
+        return EvalConfig("none")
+    tokens = text.split("-")
+    head = "-".join(tokens[:2])
+    m = _HEAD.match(head)
+    if m is None or m["method"] not in METHODS:
+        raise ValueError(f"configuration {spec!r} is not understood; expected METHOD-BITS or METHOD-kKvV "
+                         f"(method one of {', '.join(METHODS)}), e.g. 'affine-8', 'turbo-3', 'affine-k8v4', "
+                         f"or 'none'")
+    opts: Dict[str, object] = {"method": m["method"]}
+    if m["bits"] is not None:
+        opts["bits"] = int(m["bits"])
+    else:
+        opts["k_bits"], opts["v_bits"] = int(m["k"]), int(m["v"])
+        opts["bits"] = opts["k_bits"]
+    for token in tokens[2:]:
+        entry = _OPTIONS.get(token[:1])
+        if entry is None or len(token) < 2:
+            raise ValueError(f"option {token!r} of configuration {spec!r} is not understood; allowed prefixes: "
+                             + ", ".join(f"{p}<{k}>" for p, (k, _) in _OPTIONS.items()))
+        key, parse = entry
+        try:
+            opts[key] = parse(token[1:])
+        except ValueError as e:
+            raise ValueError(f"option {token!r} of configuration {spec!r}: {e}") from None
+    KVQuantConfig.from_kwargs(**opts)  # validate now, with KVQuantConfig's messages
+    return EvalConfig(text, tuple(opts.items()))
+
+
+def parse_configs(specs: Sequence[str]) -> List[EvalConfig]:
+    """Parse several specs; duplicates are dropped, order kept."""
+    out, seen = [], set()
+    for s in specs:
+        c = parse_config(s)
+        if c.name not in seen:
+            seen.add(c.name)
+            out.append(c)
+    return out
