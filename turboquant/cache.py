@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -51,6 +52,19 @@ _DIM_VIEWS = {aten.slice.Tensor, aten.select.int, aten.unsqueeze.default, aten.s
 # views taking a full size list whose last entry is head_dim
 _SIZE_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.reshape.default}
 _PASSTHROUGH_VIEWS = {aten.alias.default, aten.detach.default}
+
+
+@functools.lru_cache(maxsize=None)
+def _numerics_digest() -> str:
+    """Hash of the source that compiled cache graphs trace through (this module and quant/)."""
+    import hashlib
+    import pathlib
+
+    here = pathlib.Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted([here / "cache.py", *(here / "quant").glob("*.py")]):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 class QuantizedCacheTensor(torch.Tensor):
@@ -112,7 +126,9 @@ class QuantizedCacheTensor(torch.Tensor):
     def _stable_hash_for_caching(self) -> str:
         # the AOT/FX graph caches key subclass inputs by this string alone: it must pin the inner
         # layouts too, or a graph compiled for other strides is reused (seen: "expected size 40==20")
-        return (f"turboquant.QuantizedCacheTensor:{self.spec}:{self.head_dim}:{self.dtype}:"
+        # ...and the numerics' source: the graphs trace our dispatch code, which the cache
+        # key does not otherwise see (seen: a changed 3-bit layout served from a stale cache)
+        return (f"turboquant.QuantizedCacheTensor:{_numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
                 f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}")
 
     def __repr__(self):
