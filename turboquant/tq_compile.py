@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -246,9 +245,7 @@ def compile(model, bits: int = 4, **options):
     compiled = torch.compile(original, backend=backend, fullgraph=compile_kwargs.get("fullgraph", False),
                              dynamic=compile_kwargs.get("dynamic"))
     is_hf = hf.is_hf_model(model)
-    # transformers renamed past_key_values to cache (5.2x); take whichever this forward has
-    params = inspect.signature(original).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"
+    cache_arg = hf.cache_kwarg(original)
 
     @functools.wraps(original)
     def forward(*args, **kwargs):

@@ -32,7 +32,6 @@ Backends (``Runner(backend=…)``):
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
@@ -40,26 +39,14 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..integrations import transformers as hf
+from ..tq_compile import _kv_shape
 from .configs import EvalConfig
 from .needle import NeedleSample, answer_is_argmax, stack
 
 __all__ = ["Runner", "heldout_windows", "Reference", "TokenStats", "evaluate_windows", "needle_accuracy", "BACKENDS"]
 
 BACKENDS = ("compile", "eager")
-
-
-def _cache_arg(model) -> str:
-    """transformers renamed the forward's ``past_key_values`` to ``cache`` (5.2x); use whichever it has."""
-    fwd = getattr(model.forward, "__wrapped__", model.forward)
-    return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
-
-
-def _kv_shape(model):
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
-    return kv_heads, getattr(cfg, "head_dim", None) or hidden // heads
 
 
 class Runner:
@@ -70,7 +57,7 @@ class Runner:
             raise ValueError(f"backend={backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
         self.config, self.backend = config, backend
         self.kv = config.kv_config()
-        self.cache_arg = _cache_arg(base)
+        self.cache_arg = hf.cache_kwarg(base.forward)
         if self.kv is not None and backend == "compile":
             import turboquant
 
@@ -85,8 +72,6 @@ class Runner:
 
         cache = DynamicCache(config=self.model.config)
         if self.kv is not None and self.backend == "eager":
-            from ..integrations import transformers as hf
-
             hf.quantize_cache(cache, lambda i: self.kv)
             heads, head_dim = _kv_shape(self.model)
             cache.early_initialization(batch, heads, head_dim, self.model.dtype, self.model.device)

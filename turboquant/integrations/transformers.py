@@ -29,6 +29,14 @@ def is_hf_model(model) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
+def cache_kwarg(forward) -> str:
+    """The forward's cache keyword: transformers renamed ``past_key_values`` to ``cache`` (5.2x)."""
+    import inspect
+
+    fwd = getattr(forward, "__wrapped__", forward)
+    return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
+
+
 def is_hf_cache(obj) -> bool:
     try:
         from transformers.cache_utils import Cache

@@ -100,26 +100,30 @@ def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     return c
 
 
+def _plane_asm(shift: int, mask: int) -> tl.constexpr:
+    """PTX for :func:`_magic_asm`: pick each byte's field, then two byte permutes put each field
+    (low byte) under 0x64 (high byte) — four fp16 ``1024 + code`` from one 32-bit register."""
+    shr = f"shr.u32 t, $2, {shift}; and.b32 t, t, " if shift else "and.b32 t, $2, "
+    pick = "" if mask == 0xFF else f"{shr}{mask * 0x01010101:#010x}; "
+    src = "$2" if mask == 0xFF else "t"
+    return tl.constexpr("{ .reg .b32 t, k; mov.b32 k, 0x64646464; " + pick
+                        + f"prmt.b32 $0, {src}, k, 0x4140; prmt.b32 $1, {src}, k, 0x4342; }}")
+
+
+_ASM_8 = _plane_asm(0, 0xFF)
+_ASM_4_0, _ASM_4_1 = (_plane_asm(4 * s, 0xF) for s in range(2))
+_ASM_2_0, _ASM_2_1, _ASM_2_2, _ASM_2_3 = (_plane_asm(2 * s, 0x3) for s in range(4))
+
+
 @triton.jit
 def _magic_asm(b, BITS: tl.constexpr, S: tl.constexpr):
-    """``1024 + code`` (fp16) of plane ``S`` of packed bytes ``b``, four bytes per PTX call: a shift and
-    a mask pick the plane's field in every byte, two byte permutes put each field under 0x64."""
+    """``1024 + code`` (fp16) of plane ``S`` of packed bytes ``b`` (2, 4 or 8 bits), four bytes per call."""
     if BITS == 8:
-        asm: tl.constexpr = "{ .reg .b32 k; mov.b32 k, 0x64646464; prmt.b32 $0, $2, k, 0x4140; prmt.b32 $1, $2, k, 0x4342; }"
+        asm: tl.constexpr = _ASM_8
     elif BITS == 4:
-        if S == 0:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; and.b32 t, $2, 0x0F0F0F0F; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
-        else:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 4; and.b32 t, t, 0x0F0F0F0F; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
-    else:  # 2 bits
-        if S == 0:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; and.b32 t, $2, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
-        elif S == 1:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 2; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
-        elif S == 2:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 4; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
-        else:
-            asm: tl.constexpr = "{ .reg .b32 t, k; mov.b32 k, 0x64646464; shr.u32 t, $2, 6; and.b32 t, t, 0x03030303; prmt.b32 $0, t, k, 0x4140; prmt.b32 $1, t, k, 0x4342; }"
+        asm: tl.constexpr = _ASM_4_0 if S == 0 else _ASM_4_1
+    else:
+        asm: tl.constexpr = _ASM_2_0 if S == 0 else (_ASM_2_1 if S == 1 else (_ASM_2_2 if S == 2 else _ASM_2_3))
     return tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
 
 
@@ -131,6 +135,7 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     if TURBO:
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
     elif BITS == 3:  # three source bytes: the table gather (lut = 0..7) compiles best, as for turbo
+        tl.static_assert(not OFFSET, "3-bit codes come without the 1024 offset")
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
     else:
         if USE_ASM:
@@ -231,6 +236,8 @@ def _decode_split_kernel(
     a7 = tl.zeros([M, VPW], tl.float32)
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
+    # affine keys enter the dots as 1024 + code (folded into the zero point), except 3-bit ones
+    K_OFFSET: tl.constexpr = not K_TURBO and K_BITS != 3
 
     start = split * (SPLIT_BLOCKS * BLOCK_N)
     for i in range(SPLIT_BLOCKS):
@@ -241,23 +248,23 @@ def _decode_split_kernel(
         # ---- scores -------------------------------------------------------------------
         k0, k1, k2 = _load_row_bytes(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
                                      K_BITS, K_NBYTES, KPW)
-        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)))
+        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)))
         if KP > 1:
-            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
         if KP > 2:
-            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
-            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
         if KP > 4:
-            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
-            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
-            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
-            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM, True)), dots)
+            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
         km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
         if K_TURBO:
             s = dots * (tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale)[None, :]
         else:
             a_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale
-            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32) + (MAGIC if K_BITS != 3 else 0.0)
+            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32) + (MAGIC if K_OFFSET else 0.0)
             s = dots * a_k[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
