@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
-           "real_tolist"]
+           "real_tolist", "real_tensor_mode"]
 
 
 def dynamo_counters():
@@ -53,3 +53,10 @@ def real_tolist(t):
 
     with unset_fake_temporarily():
         return t.tolist()
+
+
+def real_tensor_mode():
+    """A context in which tensors are real even while a fake-tensor mode is active."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
-from ..compat import real_tolist, tracing_with_fake_tensors
+from ..compat import real_tolist, real_tensor_mode, tracing_with_fake_tensors
 
 __all__ = ["as_constant"]
 
 
-def as_constant(table: torch.Tensor, device=None, dtype=None) -> torch.Tensor:
-    """``table`` (a cached CPU tensor) on ``device``/``dtype``.
+def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=None) -> torch.Tensor:
+    """The table ``table_fn(*key)`` (a cached CPU tensor) on ``device``/``dtype``.
 
-    While a graph is traced with fake tensors a real tensor cannot be moved, so the table is
+    Under Dynamo the table is one constant of the graph: Dynamo must not trace ``table_fn``
+    itself (it ignores ``lru_cache`` and would re-run the table's construction, seeded
+    generators included, and break the graph). While AOTAutograd/Inductor trace with fake
+    tensors (a tensor subclass's dispatch) a real tensor cannot be moved, so the table is
     rebuilt from Python numbers and becomes a constant of the compiled graph.
     """
+    if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
+        return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype)
+    table = table_fn(*key)
     if tracing_with_fake_tensors():
         return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)
+    return _on_device(table, device, dtype)
+
+
+@torch.compiler.assume_constant_result
+def _graph_constant(table_fn, key: tuple, device: Optional[str], dtype) -> torch.Tensor:
+    with real_tensor_mode():
+        return _on_device(table_fn(*key), device, dtype)
+
+
+def _on_device(table: torch.Tensor, device, dtype) -> torch.Tensor:
     if device is None or torch.device(device).type == "cpu":
         return table.to(dtype=dtype)
     # one copy per device and dtype: a host-to-device copy per call would sync, and is not

@@ -46,4 +46,4 @@ def _rotation_cpu(d: int, seed: int) -> torch.Tensor:
 
 def rotation_matrix(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:
     """The ``[head_dim, head_dim]`` orthogonal rotation for ``seed`` (see module doc)."""
-    return as_constant(_rotation_cpu(int(head_dim), int(seed)), device=device, dtype=dtype)
+    return as_constant(_rotation_cpu, int(head_dim), int(seed), device=device, dtype=dtype)

@@ -35,7 +35,7 @@ def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.
 
 def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> torch.Tensor:
     """Centroids in units of the unit vector's coordinates (already divided by ``√d``)."""
-    return as_constant(lloyd_max_codebook(d, bits), device=device, dtype=dtype) / d ** 0.5
+    return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
@@ -46,7 +46,7 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
     norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
     unit = xw / torch.where(norm > 0, norm, torch.ones_like(norm))
     z = turbo_rotate(unit, seed) * d ** 0.5
-    bounds = as_constant(codebook_boundaries(d, bits), device=x.device, dtype=xw.dtype)
+    bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
     codes = torch.bucketize(z, bounds).to(torch.uint8)
     return codes, to_metadata(norm, metadata_dtype)
 
