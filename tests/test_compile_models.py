@@ -333,3 +333,106 @@ def test_backend_mode_quantizes_transformers_caches(cache):
     assert torch.equal(_generate(model, ids, past_key_values=c), ref)
     assert all(isinstance(layer.keys, QuantizedCacheTensor) for layer in c.layers)
     assert dynamo_counters()["turboquant"]["caches_swapped"] >= 4
+
+
+def _held_bytes(cache) -> list:
+    """Bytes each layer's K and V hold, quantized or dense: ``[(k_bytes, v_bytes), ...]``."""
+    def nbytes(t):
+        return t.quantized_nbytes if isinstance(t, QuantizedCacheTensor) else t.numel() * t.element_size()
+    return [(nbytes(layer.keys), nbytes(layer.values)) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("options, per_vector", [
+    # bytes per cached head vector (head_dim 32, fp32 model): affine codes + fp16 (scale, zero)
+    (dict(bits=3, protected_layers=(-1,)), [(16, 16), (128, 128)]),
+    (dict(bits=2, protected_layers=(0,), protected_bits=8), [(36, 36), (12, 12)]),
+    (dict(bits=4, k_bits=8, v_bits=4), [(36, 20), (36, 20)]),
+    (dict(bits=3, k_bits=4, v_bits=3, protected_layers=(1,), protected_bits=4), [(20, 16), (20, 20)]),
+])
+def test_mixed_bits_and_protected_layers_store_exactly_their_bytes(options, per_vector):
+    base = _llama()
+    ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(4))
+    model = turboquant.compile(copy.deepcopy(base), **options)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache)
+        model(ids[:, :1], cache=cache)
+    vectors = 2 * base.config.num_key_value_heads * 12  # batch x kv heads x tokens
+    assert _held_bytes(cache) == [(k * vectors, v * vectors) for k, v in per_vector]
+    rows = {r.layer: r for r in turboquant.report(model, cache)}
+    for i, (k, v) in enumerate(per_vector):
+        dense = k == 128
+        assert rows[i].status == ("dense" if dense else "quantized")
+        assert ("protected" in rows[i].reason) == dense
+
+
+def test_protected_dense_layer_matches_the_unquantized_layer():
+    """Protecting the only quantized-sensitive layer: layer 0 dense gives layer 0's exact dense output."""
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = base(ids).logits
+        both = turboquant.compile(copy.deepcopy(base), bits=2, protected_layers=(0, 1))(ids).logits
+        one = turboquant.compile(copy.deepcopy(base), bits=2, protected_layers=(0,))(ids).logits
+        none = turboquant.compile(copy.deepcopy(base), bits=2)(ids).logits
+    err = lambda x: float((x - ref).norm() / ref.norm())  # noqa: E731
+    assert err(both) < 1e-6
+    assert 0 < err(one) < err(none)
+
+
+def test_protected_buffers_stay_dense_and_are_not_swapped_again():
+    torch.manual_seed(0)
+    model = turboquant.compile(GptFast(), bits=4, protected_layers=(0,))
+    with torch.no_grad():
+        for pos in (torch.arange(3), torch.tensor([3]), torch.tensor([4])):
+            model(torch.randn(1, len(pos), 64), pos)
+    assert not isinstance(model.layers[0].k_cache, QuantizedCacheTensor)
+    assert isinstance(model.layers[1].k_cache, QuantizedCacheTensor)
+    assert dynamo_counters()["turboquant"]["caches_swapped"] == 2
+    assert [(r.layer, r.status) for r in turboquant.report(model)] == [(0, "dense"), (1, "quantized")]
+
+
+@pytest.mark.parametrize("cache, attn", [("dynamic", "sdpa"), ("static", "eager")])
+def test_residual_window_compiled_equals_eager_and_recovers_precision(cache, attn):
+    base = _llama(attn=attn)
+    ids = torch.randint(0, 128, (2, 14), generator=torch.Generator().manual_seed(6))
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    with torch.no_grad():
+        ref = base.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                            return_dict_in_generate=True, **kw)
+    errs = {}
+    for window in (0, 4):
+        cfg = turboquant.KVQuantConfig(bits=2, residual_window=window)
+        eager_cache = transformers.DynamicCache(config=base.config)
+        turboquant.integrations.transformers.quantize_cache(eager_cache, lambda i: cfg)
+        model = turboquant.compile(copy.deepcopy(base), bits=2, residual_window=window)
+        with torch.no_grad():
+            forced = ref.sequences[:, :-1]  # teacher-force the unquantized tokens: one forward
+            eager = base(forced, cache=eager_cache).logits
+            compiled = model(forced, cache=transformers.DynamicCache(config=base.config)).logits
+            gen = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, **kw)
+            dense = base(forced).logits
+        # compiled and eager quantize alike; Inductor may skip an fp16 rounding of a scale, which at
+        # 2 bits can move one code a step: compare with the error the bits themselves make
+        quant_err = float((eager - dense).norm() / dense.norm())
+        assert float((compiled - eager).norm() / eager.norm()) < 0.02 * quant_err, window
+        first = torch.stack(gen.logits, 1)[:, 0]
+        errs[window] = float((first - ref.logits[0]).norm() / ref.logits[0].norm())
+        if window:
+            layer = eager_cache.layers[0]
+            assert layer.keys.window == window and layer.keys.ring_pos.tolist() == [16, 17, 18, 15]
+    # decode steps read the 4 most recent positions exactly: the first generated token's logits move closer
+    assert errs[4] < errs[0]
+
+
+def test_residual_window_bytes_and_gpt_fast_writes():
+    torch.manual_seed(0)
+    model = turboquant.compile(GptFast(), bits=4, residual_window=3)
+    with torch.no_grad():
+        for pos in (torch.arange(5), torch.tensor([5]), torch.tensor([6])):
+            model(torch.randn(1, len(pos), 64), pos)
+    k = model.layers[0].k_cache
+    assert isinstance(k, QuantizedCacheTensor) and sorted(k.ring_pos.tolist()) == [4, 5, 6]
+    # [1, 2, 40, 32] fp32 cache: codes + fp16 (scale, zero) per row, plus 3 fp32 rows and 3 int64 positions
+    assert k.quantized_nbytes == 2 * 40 * (16 + 4) + 2 * 3 * 32 * 4 + 3 * 8

@@ -54,3 +54,22 @@ def test_head_dim_must_pack():
         quantize_kv(torch.randn(3, 20), KVQuantConfig(bits=3))
     with pytest.raises(ValueError, match="x.dtype=torch.int32"):
         quantize_kv(torch.ones(3, 64, dtype=torch.int32))
+
+
+def test_protected_layers_resolve_per_layer():
+    c = KVQuantConfig(bits=3, k_bits=4, protected_layers=[-1, 0, 0], protected_bits=8)
+    assert c.protected_layers == (-1, 0)
+    assert [c.for_layer(i, 4) and c.for_layer(i, 4).spec("k").bits for i in range(4)] == [8, 4, 4, 8]
+    assert c.for_layer(1, 4) is c and c.for_layer(3, 4).spec("v").bits == 8
+    dense = KVQuantConfig(bits=2, protected_layers=(1, -1))
+    assert [dense.for_layer(i, 3) is None for i in range(3)] == [False, True, True]
+    assert dense.for_layer(2, None) is dense  # a negative index needs the layer count
+
+
+@pytest.mark.parametrize("bad, msg", [(dict(protected_layers="0"), "protected_layers='0'"),
+                                      (dict(protected_layers=(True,)), "protected_layers"),
+                                      (dict(protected_bits=8), "needs protected_layers"),
+                                      (dict(protected_layers=(0,), protected_bits=6), "protected_bits=6")])
+def test_protected_options_are_validated(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        KVQuantConfig(**bad)

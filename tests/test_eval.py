@@ -42,10 +42,13 @@ def test_config_specs():
     assert parse_config("affine-8").bits == (8, 8)
     assert parse_config("affine-4-g32-c99.9").kwargs["group_size"] == 32
     assert not parse_config("none").quantized
+    assert parse_config("turbo-3-p2-h8").kwargs == {"method": "turbo", "bits": 3, "protected_layers": (0, 1, -2, -1),
+                                                    "protected_bits": 8}
     assert [c.name for c in parse_configs(["affine-8", "AFFINE-8", "turbo-2"])] == ["affine-8", "turbo-2"]
     assert len(parse_configs(DEFAULT_CONFIGS)) == len(DEFAULT_CONFIGS)
     for bad, msg in [("foo-3", "not understood"), ("affine-5", "bits=5"), ("affine-3-x1", "allowed prefixes"),
-                     ("turbo-3-g32", "affine"), ("affine-3-p1", "protected boundary layers")]:
+                     ("turbo-3-g32", "affine"), ("affine-3-p0", "boundary layers must be"),
+                     ("affine-3-h8", "needs protected_layers")]:
         with pytest.raises(ValueError, match=msg):
             parse_config(bad)
 

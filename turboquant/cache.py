@@ -19,6 +19,13 @@
   read-only copy;
 * anything else that would lose a write — an in-place op it does not know, a view that slices
   head_dim — raises :class:`UnsupportedCacheOperation` instead of silently writing to a temporary.
+
+**Residual window** (``KVQuantConfig.residual_window = W``): the tensor also holds a ring of
+the W most recently written rows in full precision (``ring [..., W, D]``, slot = position mod
+W, ``ring_pos [W]`` the position each slot holds, -1 when empty). Every read — attention and
+decoded copies — takes a position from the ring when the ring holds it and from the codes
+otherwise. Writes along the sequence dim (-2) keep the ring current; the sequence dim must
+stay at -2 in the views attention reads.
 """
 
 from __future__ import annotations
@@ -77,10 +84,12 @@ class QuantizedCacheTensor(torch.Tensor):
     meta: torch.Tensor
     spec: TensorQuantSpec
     head_dim: int
+    ring: Optional[torch.Tensor]
+    ring_pos: Optional[torch.Tensor]
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
-                dtype: torch.dtype, outer_size=None, outer_stride=None):
+                dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None):
         if outer_size is None:
             outer_size = (*codes.shape[:-1], head_dim)
             # mirror the codes' layout (expanded, transposed, sliced leading dims) so that model
@@ -90,38 +99,53 @@ class QuantizedCacheTensor(torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(cls, outer_size, strides=outer_stride, dtype=dtype,
                                                    device=codes.device, requires_grad=False)
 
-    def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None):
+    def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None, ring=None,
+                 ring_pos=None):
         self.codes = codes
         self.meta = meta
         self.spec = spec
         self.head_dim = head_dim
+        self.ring = ring
+        self.ring_pos = ring_pos
+
+    @property
+    def window(self) -> int:
+        """Positions held in full precision as well (``KVQuantConfig.residual_window``)."""
+        return 0 if self.ring is None else self.ring.shape[-2]
 
     # -- construction ------------------------------------------------------------------
     @classmethod
-    def empty(cls, shape, spec: TensorQuantSpec, *, dtype=torch.bfloat16, device=None) -> "QuantizedCacheTensor":
-        """A zero-filled cache of dense shape ``shape`` (decodes to zeros)."""
+    def empty(cls, shape, spec: TensorQuantSpec, *, dtype=torch.bfloat16, device=None,
+              window: int = 0) -> "QuantizedCacheTensor":
+        """A zero-filled cache of dense shape ``shape`` (decodes to zeros); ``window``: residual window."""
         *lead, d = shape
         spec.check_head_dim(d)
         codes = torch.zeros(*lead, packed_size(d, spec.bits), dtype=torch.uint8, device=device)
         meta_width = _meta_width(spec, d)
         meta = torch.zeros(*lead, meta_width, dtype=spec.metadata_dtype, device=device)
-        return cls(codes, meta, spec, d, dtype)
+        ring, ring_pos = _empty_ring(lead[:-1], window, d, dtype, device)
+        return cls(codes, meta, spec, d, dtype, ring=ring, ring_pos=ring_pos)
 
     @classmethod
-    def from_dense(cls, x: torch.Tensor, spec: TensorQuantSpec) -> "QuantizedCacheTensor":
+    def from_dense(cls, x: torch.Tensor, spec: TensorQuantSpec, window: int = 0) -> "QuantizedCacheTensor":
         codes, meta = _encode_rows(x, spec)
-        return cls(codes, meta, spec, x.shape[-1], x.dtype)
+        ring, ring_pos = _empty_ring(x.shape[:-2], window, x.shape[-1], x.dtype, x.device)
+        if ring is not None:
+            ring, ring_pos = _ring_written(ring, ring_pos, x, torch.arange(x.shape[-2], device=x.device))
+        return cls(codes, meta, spec, x.shape[-1], x.dtype, ring=ring, ring_pos=ring_pos)
 
     # -- tracing support ---------------------------------------------------------------
     def __tensor_flatten__(self):
-        return ["codes", "meta"], (self.spec, self.head_dim, self.dtype)
+        names = ["codes", "meta"] + (["ring", "ring_pos"] if self.ring is not None else [])
+        return names, (self.spec, self.head_dim, self.dtype)
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         spec, head_dim, dtype = ctx
         # the outer size/stride Dynamo traced with (symbols with sources), not ones re-derived
         # from the inner tensors: derived expressions carry symbols no guard can name
-        return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype, outer_size, outer_stride)
+        return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype, outer_size, outer_stride,
+                                    ring=inner.get("ring"), ring_pos=inner.get("ring_pos"))
 
     def _stable_hash_for_caching(self) -> str:
         # the AOT/FX graph caches key subclass inputs by this string alone: it must pin the inner
@@ -129,7 +153,8 @@ class QuantizedCacheTensor(torch.Tensor):
         # ...and the numerics' source: the graphs trace our dispatch code, which the cache
         # key does not otherwise see (seen: a changed 3-bit layout served from a stale cache)
         return (f"turboquant.QuantizedCacheTensor:{_numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
-                f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}")
+                f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}:"
+                f"{None if self.ring is None else (tuple(self.ring.shape), self.ring.stride())}")
 
     def __repr__(self):
         return (f"QuantizedCacheTensor(shape={tuple(self.shape)}, dtype={self.dtype}, method={self.spec.method}, "
@@ -137,11 +162,13 @@ class QuantizedCacheTensor(torch.Tensor):
 
     @property
     def quantized_nbytes(self) -> int:
-        """Bytes of codes plus metadata (what this cache really holds)."""
-        return self.codes.numel() * self.codes.element_size() + self.meta.numel() * self.meta.element_size()
+        """Bytes of codes plus metadata, plus the residual window's ring (what this cache really holds)."""
+        held = [self.codes, self.meta] + ([self.ring, self.ring_pos] if self.ring is not None else [])
+        return sum(t.numel() * t.element_size() for t in held)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        return decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype or self.dtype)
+        dense = decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype or self.dtype)
+        return dense if self.ring is None else overlay_ring(dense, self.ring, self.ring_pos)
 
     # -- dispatch ------------------------------------------------------------------------
     @classmethod
@@ -184,16 +211,66 @@ def _encode_rows(x: torch.Tensor, spec: TensorQuantSpec):
     return pack_codes(codes, spec.bits), meta.reshape(*x.shape[:-1], -1)
 
 
+def _empty_ring(lead, window: int, d: int, dtype, device):
+    if not window:
+        return None, None
+    return (torch.zeros(*lead, window, d, dtype=dtype, device=device),
+            torch.full((window,), -1, dtype=torch.int64, device=device))
+
+
+def _ring_update(rows: torch.Tensor, positions: torch.Tensor, window: int):
+    """(slots, rows, positions) to write into a ring of ``window`` slots: the last ``window`` rows only
+    (more would collide in the ring, and index_copy_ with repeated indices has no defined order)."""
+    n = min(rows.shape[-2], window)
+    positions = positions[-n:]
+    return positions % window, rows[..., -n:, :], positions
+
+
+def _ring_written(ring, ring_pos, rows, positions):
+    """Out-of-place: the ring after writing ``rows [..., L, D]`` at ``positions [L]``."""
+    slots, rows, positions = _ring_update(rows.to(ring.dtype), positions, ring.shape[-2])
+    return ring.index_copy(ring.dim() - 2, slots, rows), ring_pos.index_copy(0, slots, positions)
+
+
+def _write_ring_(dst: "QuantizedCacheTensor", rows, positions) -> None:
+    if dst.ring is None:
+        return
+    rows = rows.dequantize() if isinstance(rows, QuantizedCacheTensor) else rows
+    slots, rows, positions = _ring_update(rows.to(dst.ring.dtype), positions, dst.window)
+    dst.ring.index_copy_(dst.ring.dim() - 2, slots, rows.expand(*dst.ring.shape[:-2], *rows.shape[-2:]))
+    dst.ring_pos.index_copy_(0, slots, positions)
+
+
+def _no_ring(t, what: str) -> None:
+    if t.ring is not None:
+        raise UnsupportedCacheOperation(f"turboquant: {what} on a quantized KV cache with a residual window is not "
+                                        "supported (the window needs the sequence at dim -2); use residual_window=0")
+
+
+def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor) -> torch.Tensor:
+    """``dense [..., S, D]`` with every position the ring holds taken from the ring (full precision)."""
+    s, w = dense.shape[-2], ring.shape[-2]
+    pos = torch.arange(s, device=dense.device)
+    slot = pos % w
+    held = ring_pos.index_select(0, slot) == pos
+    from_ring = ring.index_select(ring.dim() - 2, slot).to(dense.dtype)
+    return torch.where(held[:, None], from_ring, dense)
+
+
 def _dense(x):
     return x.dequantize() if isinstance(x, QuantizedCacheTensor) else x
 
 
-def _like(t: QuantizedCacheTensor, codes, meta) -> QuantizedCacheTensor:
-    return QuantizedCacheTensor(codes, meta, t.spec, t.head_dim, t.dtype)
+def _like(t: QuantizedCacheTensor, codes, meta, ring=None, ring_pos=None) -> QuantizedCacheTensor:
+    if ring is None:
+        ring, ring_pos = t.ring, t.ring_pos
+    return QuantizedCacheTensor(codes, meta, t.spec, t.head_dim, t.dtype, ring=ring, ring_pos=ring_pos)
 
 
-def _same_view(t, fn):
-    return _like(t, fn(t.codes), fn(t.meta))
+def _same_view(t, fn, ring_fn=None):
+    """The view ``fn`` of codes and meta; the ring takes ``ring_fn`` (default ``fn``)."""
+    ring = None if t.ring is None else (ring_fn or fn)(t.ring)
+    return _like(t, fn(t.codes), fn(t.meta), ring, t.ring_pos)
 
 
 def _not_head_dim(t, dim: int, what) -> int:
@@ -210,8 +287,14 @@ def _dim_view(func, t, dim, *rest, **kw):
         dim = dim % (t.dim() + 1)
         if dim == t.dim():
             raise UnsupportedCacheOperation("turboquant: unsqueeze after head_dim of a quantized KV cache")
+        if dim == t.dim() - 1:
+            _no_ring(t, "unsqueeze between the sequence and head_dim")
         return _same_view(t, lambda x: func(x, dim))
     dim = _not_head_dim(t, dim, func)
+    if dim == t.dim() - 2 and t.ring is not None:
+        if func is not aten.slice.Tensor:
+            _no_ring(t, f"{func} of the sequence dim")
+        return _same_view(t, lambda x: func(x, dim, *rest, **kw), ring_fn=lambda r: r)  # positions index the ring
     return _same_view(t, lambda x: func(x, dim, *rest, **kw))
 
 
@@ -219,8 +302,13 @@ def _size_view(func, t, size, *rest, **kw):
     size = list(size)
     if size and size[-1] not in (-1, t.head_dim):
         raise UnsupportedCacheOperation(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
+    ring = None
+    if t.ring is not None:
+        if len(size) < 2 or t.dim() < 2 or not (size[-2] == -1 or size[-2] == t.shape[-2]):
+            _no_ring(t, f"{func} to size {size}")
+        ring = func(t.ring, size[:-2] + [-1 if size[-2] == -1 else t.window, t.head_dim], *rest, **kw)
     return _like(t, func(t.codes, size[:-1] + [t.codes.shape[-1]], *rest, **kw),
-                 func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw))
+                 func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw), ring, t.ring_pos)
 
 
 def _mutates_a_cache(func, args, kwargs) -> bool:
@@ -247,6 +335,12 @@ def _copy_(func, dst, src, non_blocking=False):
     codes, meta = _rows_for(dst, src.expand(dst.shape) if not isinstance(src, QuantizedCacheTensor) else src)
     dst.codes.copy_(codes)
     dst.meta.copy_(meta)
+    if dst.ring is not None:
+        if isinstance(src, QuantizedCacheTensor) and src.window == dst.window:
+            dst.ring.copy_(src.ring)
+            dst.ring_pos.copy_(src.ring_pos)
+        else:  # which positions a whole-cache copy holds is unknown (a rolled sliding window): read codes
+            dst.ring_pos.fill_(-1)
     return dst
 
 
@@ -255,6 +349,10 @@ def _index_copy_(func, dst, dim, index, src):
     codes, meta = _rows_for(dst, src)
     dst.codes.index_copy_(dim, index, codes)
     dst.meta.index_copy_(dim, index, meta)
+    if dst.ring is not None:
+        if dim != dst.dim() - 2:
+            _no_ring(dst, f"index_copy_ along dim {dim}")
+        _write_ring_(dst, src, index)
     return dst
 
 
@@ -271,30 +369,56 @@ def _index_put_(func, dst, indices, values, accumulate=False):
     codes, meta = _rows_for(dst, values)
     func(dst.codes, indices, codes)
     func(dst.meta, indices, meta)
+    if dst.ring is not None:  # k_cache[:, :, pos] = k (gpt-fast): a write along the sequence dim
+        seq = len(indices) == dst.dim() - 1 and all(i is None for i in indices[:-1])
+        if not (seq and indices[-1] is not None and indices[-1].dim() == 1):
+            _no_ring(dst, "index_put_ other than cache[..., positions, :] = rows")
+        _write_ring_(dst, values, indices[-1])
     return dst
 
 
 def _zero_(func, dst):
     dst.codes.zero_()
     dst.meta.zero_()
+    if dst.ring is not None:
+        dst.ring.zero_()
+        dst.ring_pos.fill_(-1)
     return dst
 
 
 def _cat(func, tensors, dim=0):
     first = next(t for t in tensors if isinstance(t, QuantizedCacheTensor))
     dim = _not_head_dim(first, dim, "cat")
-    parts = [_rows_for(first, t) for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
-    return _like(first, torch.cat([c for c, _ in parts], dim), torch.cat([m for _, m in parts], dim))
+    kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    parts = [_rows_for(first, t) for t in kept]
+    ring = ring_pos = None
+    if first.ring is not None:
+        if dim != first.dim() - 2 or kept[0] is not first:
+            _no_ring(first, "cat other than cat([cache, new_rows], dim=-2)")
+        rows = torch.cat([_dense(t).to(first.dtype) for t in kept[1:]], dim) if len(kept) > 1 else None
+        ring, ring_pos = first.ring, first.ring_pos
+        if rows is not None:
+            start = first.shape[-2]
+            ring, ring_pos = _ring_written(ring, ring_pos, rows,
+                                           torch.arange(start, start + rows.shape[-2], device=rows.device))
+    return _like(first, torch.cat([c for c, _ in parts], dim), torch.cat([m for _, m in parts], dim), ring, ring_pos)
 
 
 def _clone(func, t, memory_format=None, **kw):
-    return _same_view(t, lambda x: x.clone(memory_format=torch.contiguous_format))
+    out = _same_view(t, lambda x: x.clone(memory_format=torch.contiguous_format))
+    if t.ring_pos is not None:
+        out.ring_pos = t.ring_pos.clone()
+    return out
 
 
 def _to_copy(func, t, dtype=None, device=None, **kw):
     if dtype is not None and dtype != t.dtype:
         return func(t.dequantize(), dtype=dtype, device=device, **kw)
-    return _like(t, t.codes.to(device=device), t.meta.to(device=device)) if device is not None else _clone(func, t)
+    if device is None:
+        return _clone(func, t)
+    ring = None if t.ring is None else t.ring.to(device=device)
+    ring_pos = None if t.ring is None else t.ring_pos.to(device=device)
+    return _like(t, t.codes.to(device=device), t.meta.to(device=device), ring, ring_pos)
 
 
 def _transpose(func, t, d0, d1):
@@ -304,6 +428,8 @@ def _transpose(func, t, d0, d1):
         # this is a decoded copy — fine for the read it feeds (the FX pass replaces that
         # read with one attention op), and a write through it would not reach the cache
         return t.dequantize().transpose(d0, d1)
+    if t.dim() - 2 in (d0, d1):
+        _no_ring(t, "a transpose moving the sequence dim")
     return _same_view(t, lambda x: x.transpose(d0, d1))
 
 
@@ -311,6 +437,8 @@ def _permute(func, t, dims):
     dims = [d % t.dim() for d in dims]
     if dims[-1] != t.dim() - 1:
         raise UnsupportedCacheOperation("turboquant: a permute moving head_dim of a quantized KV cache is not supported")
+    if dims[-2] != t.dim() - 2:
+        _no_ring(t, "a permute moving the sequence dim")
     return _same_view(t, lambda x: x.permute(dims))
 
 
@@ -333,7 +461,8 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
     if isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor):
         return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
                                               is_causal, scale, spec_args(key.spec), spec_args(value.spec),
-                                              key.head_dim, value.head_dim, float(softcap or 0.0))
+                                              key.head_dim, value.head_dim, float(softcap or 0.0),
+                                              key.ring, key.ring_pos, value.ring, value.ring_pos)
     key, value = _dense(key), _dense(value)
     w = torch.matmul(query, key.transpose(-2, -1)) * scale
     if softcap:

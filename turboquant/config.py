@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 import torch
 
@@ -99,6 +99,16 @@ class KVQuantConfig:
             bfloat16 or float32 (also accepted as strings).
         seed: turbo only. Seed of the random rotation; the rotation is a pure function of
             (head_dim, seed), so the same seed always decodes the same codes.
+        protected_layers: layer indices whose cache keeps more precision (negative indices
+            count from the last layer): ``(0, 1, -2, -1)`` protects the first and last two.
+            Low-bit caches degrade most in the boundary layers.
+        protected_bits: ``None`` (default) keeps the protected layers' cache unquantized;
+            2, 3, 4 or 8 stores them with that many bits (same method) instead.
+        residual_window: keep the K/V of the ``residual_window`` most recently written
+            positions in full precision as well (a ring of that many dense rows per cache);
+            attention reads those positions dense and every older one from the codes. 0
+            (default) turns it off. A few dozen tokens recover most of the low-bit loss:
+            recent tokens carry most of the attention.
 
     Invalid values raise ``ValueError`` naming the value and what is allowed.
 
@@ -117,6 +127,9 @@ class KVQuantConfig:
     clip_percentile: Optional[float] = None
     metadata_dtype: torch.dtype = torch.float16
     seed: int = 0
+    protected_layers: Tuple[int, ...] = ()
+    protected_bits: Optional[int] = None
+    residual_window: int = 0
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -142,6 +155,21 @@ class KVQuantConfig:
         object.__setattr__(self, "metadata_dtype", _check_dtype(self.metadata_dtype))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} is not supported; allowed: an integer >= 0")
+        layers = self.protected_layers
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            layers = (layers,)
+        if not isinstance(layers, (tuple, list)) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
+            raise ValueError(f"protected_layers={self.protected_layers!r} is not supported; allowed: a tuple of "
+                             "layer indices (ints; negative counts from the last layer), e.g. (0, 1, -2, -1)")
+        object.__setattr__(self, "protected_layers", tuple(sorted(set(layers))))
+        if self.protected_bits is not None:
+            _check_bits("protected_bits", self.protected_bits)
+            if not self.protected_layers:
+                raise ValueError(f"protected_bits={self.protected_bits!r} needs protected_layers (which layers "
+                                 "get those bits); allowed: protected_bits=None without protected_layers")
+        w = self.residual_window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"residual_window={w!r} is not supported; allowed: an integer >= 0 (0: off)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "KVQuantConfig":
@@ -152,6 +180,22 @@ class KVQuantConfig:
             raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; "
                              f"allowed: {', '.join(sorted(known))}")
         return cls(**kwargs)
+
+    def is_protected(self, layer: int, num_layers: Optional[int]) -> bool:
+        """Whether ``layer`` (0-based) is one of ``protected_layers`` in a model of ``num_layers``."""
+        for i in self.protected_layers:
+            if i == layer or (i < 0 and num_layers is not None and num_layers + i == layer):
+                return True
+        return False
+
+    def for_layer(self, layer: int, num_layers: Optional[int]) -> Optional["KVQuantConfig"]:
+        """The config of layer ``layer``: ``self``, the ``protected_bits`` variant, or ``None`` (dense)."""
+        if not self.is_protected(layer, num_layers):
+            return self
+        if self.protected_bits is None:
+            return None
+        return dataclasses.replace(self, bits=self.protected_bits, k_bits=None, v_bits=None,
+                                   protected_layers=(), protected_bits=None)
 
     def spec(self, role: str) -> TensorQuantSpec:
         """The per-tensor settings for keys (``"k"``) or values (``"v"``)."""

@@ -46,10 +46,16 @@ def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpe
 
 
 def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                       v_head_dim, softcap):
+                       v_head_dim, softcap, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
     """Decode the caches and attend in float32 (CPU, and what the CUDA kernel does not cover)."""
+    from .cache import overlay_ring
+
     k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
     v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
+    if k_ring is not None:
+        k = overlay_ring(k, k_ring, k_ring_pos)
+    if v_ring is not None:
+        v = overlay_ring(v, v_ring, v_ring_pos)
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
     qf = q.float()
     if softcap > 0:
@@ -67,31 +73,36 @@ def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal
 def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
               v_meta: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
               k_spec: list[int], v_spec: list[int], head_dim: int, v_head_dim: int,
-              softcap: float = 0.0) -> torch.Tensor:
+              softcap: float = 0.0, k_ring: Optional[torch.Tensor] = None, k_ring_pos: Optional[torch.Tensor] = None,
+              v_ring: Optional[torch.Tensor] = None, v_ring_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv).
 
     ``softcap > 0`` caps the scores as :func:`turboquant.quant.reference.masked_softmax` does.
-    On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention`.
+    ``*_ring``/``*_ring_pos``: the residual window (:mod:`turboquant.cache`); the positions a ring
+    holds are read from it in full precision.
+    On CUDA, decode shapes without a residual window run the Triton kernel of
+    :mod:`turboquant.templates.decode_attention`.
     """
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
-                              head_dim, v_head_dim, softcap)
+                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)
 
 
 @attention.register_kernel("cuda")
 def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                    v_head_dim, softcap=0.0):
+                    v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
     from .templates import decode_attention as kernel  # Triton: imported only where a GPU runs
 
     ks, vs = _spec_from_args(k_spec), _spec_from_args(v_spec)
-    if kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
+    # the kernel does not read a residual window's ring yet: those caches take the decoded path
+    if k_ring is None and v_ring is None and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
         out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
                                       is_causal=is_causal, scale=scale, softcap=softcap)
         return out.to(q.dtype)
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
-                              head_dim, v_head_dim, softcap)
+                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)
 
 
 @attention.register_fake
 def _(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim, v_head_dim,
-      softcap=0.0):
+      softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
     return q.new_empty((*q.shape[:-1], v_head_dim))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -55,6 +56,7 @@ class LayerReport:
     read: str
     status: str            # "quantized", "swapped" (dense when found, quantized after), "decoded", "dense"
     reason: str = ""
+    bits: str = ""         # "k4/v3"; "" when dense
 
 
 @dataclass
@@ -65,6 +67,11 @@ class CompileState:
     mode: Optional[str] = None
     graphs: int = 0
     layers: Dict[str, LayerReport] = field(default_factory=dict)
+    num_layers: Optional[int] = None   # known for transformers models; else the attentions in the graph
+
+    def layer_config(self, layer: int, graph_layers: int) -> Optional[KVQuantConfig]:
+        """Layer ``layer``'s config (``None``: kept dense by ``protected_layers``)."""
+        return self.config.for_layer(layer, self.num_layers or graph_layers)
 
     def record(self, row: LayerReport) -> None:
         key = row.k_source
@@ -90,8 +97,18 @@ def _owner_slots(t: torch.Tensor):
     return slots
 
 
+_LAYER_IN_SOURCE = re.compile(r"\.layers\[(\d+)\]")
+
+
+def _model_layer(site) -> int:
+    """The model's index of a linked layer: ``….layers[N]…`` in the cache's source (transformers caches,
+    ``nn.ModuleList`` models) when there, else its order among the graph's attentions."""
+    m = _LAYER_IN_SOURCE.search(site.k.source)
+    return int(m.group(1)) if m else site.layer
+
+
 def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bool):
-    """Classify each linked layer; returns ``(site, k_index, v_index)`` of dense caches to swap."""
+    """Classify each linked layer; returns ``(site, k_index, v_index, config)`` of dense caches to swap."""
     counters = dynamo_counters()
     index = {n.name: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     to_swap = []
@@ -99,22 +116,29 @@ def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bo
         ik, iv = index.get(site.k.node), index.get(site.v.node)
         tensors = [example_inputs[i] if i is not None else None for i in (ik, iv)]
         write = "/".join(sorted(set(site.k.writes)))
-        row = dict(layer=site.layer, k_source=site.k.source, v_source=site.v.source, write=write, read=site.read)
+        layer = _model_layer(site)
+        config = state.layer_config(layer, len(sites))
+        row = dict(layer=layer, k_source=site.k.source, v_source=site.v.source, write=write, read=site.read,
+                   bits=f"k{config.spec('k').bits}/v{config.spec('v').bits}" if config is not None else "")
+        if config is None:
+            if not any(isinstance(t, QuantizedCacheTensor) for t in tensors):
+                state.record(LayerReport(**{**row, "status": "dense", "reason": "protected_layers keeps it dense"}))
+                continue
         if site.read == "eager" and not eager_rewritten:
             reason = ("its eager attention does not match the matmul-softmax-matmul pattern turboquant rewrites; "
                       "it reads decoded copies of the cache (correct, not fast)")
-            _warn_once(f"layer {site.layer} ({site.k.source}): {reason}")
+            _warn_once(f"layer {layer} ({site.k.source}): {reason}")
             row["status"], row["reason"] = "decoded", reason
         if all(isinstance(t, QuantizedCacheTensor) for t in tensors):
             counters["turboquant"]["layers_quantized"] += 1
             state.record(LayerReport(**{"status": "quantized", **row}))
         elif all(isinstance(t, torch.Tensor) for t in tensors):
-            to_swap.append((site, ik, iv))
+            to_swap.append((site, ik, iv, config))
             state.record(LayerReport(**{"status": "swapped", **row}))
         else:
             reason = "its K/V are not tensors the graph receives as inputs"
-            _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
-            state.record(LayerReport(**{**row, "status": "dense", "reason": reason}))
+            _warn_once(f"layer {layer} ({site.k.source}) left unquantized: {reason}")
+            state.record(LayerReport(**{**row, "bits": "", "status": "dense", "reason": reason}))
     if not sites and not state.layers:
         _warn_once("no KV-cache write feeding an attention was found in the captured graph; the model runs "
                    "unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ and read "
@@ -133,7 +157,7 @@ def _swapping_entry(gm, to_swap, state: CompileState):
 
     def run(*args):
         args = list(args)
-        for site, ik, iv in to_swap:
+        for site, ik, iv, config in to_swap:
             for i, role in ((ik, "k"), (iv, "v")):
                 t = args[i]
                 if isinstance(t, QuantizedCacheTensor):
@@ -141,11 +165,12 @@ def _swapping_entry(gm, to_swap, state: CompileState):
                 slots = _owner_slots(t)
                 if not slots:
                     reason = "no owner (module buffer or object attribute) holds the cache tensor"
-                    _warn_once(f"layer {site.layer} ({site.k.source}) left unquantized: {reason}")
-                    state.record(LayerReport(site.layer, site.k.source, site.v.source, "/".join(site.k.writes),
+                    layer = _model_layer(site)
+                    _warn_once(f"layer {layer} ({site.k.source}) left unquantized: {reason}")
+                    state.record(LayerReport(layer, site.k.source, site.v.source, "/".join(site.k.writes),
                                              site.read, "dense", reason))
                     continue
-                q = QuantizedCacheTensor.from_dense(t, state.config.spec(role))
+                q = QuantizedCacheTensor.from_dense(t, config.spec(role), window=config.residual_window)
                 for d, key in slots:
                     d[key] = q
                 args[i] = q
@@ -208,7 +233,7 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
         cache = kwargs[cache_arg] = hf.new_dynamic_cache(model)
     if not hf.is_hf_cache(cache):
         return
-    hf.quantize_cache(cache, lambda i: state.config)
+    hf.quantize_cache(cache, lambda i: state.config.for_layer(i, len(cache.layers)))
     layers = getattr(cache, "layers", [])
     if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -240,11 +265,14 @@ def compile(model, bits: int = 4, **options):
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"turboquant.compile expects an nn.Module, got {type(model).__name__}")
     state = CompileState(config, mode=compile_kwargs.get("mode"))
+    is_hf = hf.is_hf_model(model)
+    if is_hf:
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        state.num_layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
     backend = functools.partial(_backend, state=state)
     original = model.forward
     compiled = torch.compile(original, backend=backend, fullgraph=compile_kwargs.get("fullgraph", False),
                              dynamic=compile_kwargs.get("dynamic"))
-    is_hf = hf.is_hf_model(model)
     cache_arg = hf.cache_kwarg(original)
 
     @functools.wraps(original)
@@ -291,7 +319,10 @@ class Report(list):
         if self.bytes and self.bytes["dense"]:
             head += (f"; cache {self.bytes['quantized']:,} bytes vs {self.bytes['dense']:,} dense "
                      f"({self.bytes['quantized'] / self.bytes['dense']:.3f})")
-        cols = ["layer", "status", "write", "read", "k_source", "reason"]
+        if c.protected_layers:
+            head += (f"; protected layers {list(c.protected_layers)} "
+                     + ("unquantized" if c.protected_bits is None else f"at {c.protected_bits} bits"))
+        cols = ["layer", "status", "bits", "write", "read", "k_source", "reason"]
         return head + "\n" + format_table([vars(r) for r in self], cols)
 
 

@@ -8,8 +8,12 @@ unquantized model; also ``unquantized``, ``dense``). Options, each introduced by
 ``cP``    clip_percentile=P (affine)      ``affine-3-c99.9``
 ``sN``    seed=N (turbo rotation)         ``turbo-3-s1``
 ``mfp32`` metadata_dtype (fp16/bf16/fp32) ``affine-2-mfp32``
-``pN``    keep N boundary layers at      reserved: not implemented by
-          higher precision                ``turboquant.compile`` yet (raises)
+``pN``    protected_layers = the first N  ``affine-3-p2``
+          and last N layers (unquantized)
+``hB``    protected_bits=B (with ``pN``)  ``turbo-3-p2-h8``
+``rN``    residual_window=N: the N most   ``turbo-3-r16``
+          recent positions in full
+          precision
 ========  ==============================  =====================================
 
 A new option is one entry in :data:`_OPTIONS`: a prefix, the ``turboquant.compile`` keyword it
@@ -26,15 +30,22 @@ from ..config import KVQuantConfig, METHODS
 
 __all__ = ["EvalConfig", "parse_config", "parse_configs", "DEFAULT_CONFIGS", "BASELINE_NAMES"]
 
+# then the low-bit settings with the first and last layer at 8 bits (-p1-h8), and with the 16 most
+# recent positions in full precision (-r16)
 DEFAULT_CONFIGS = ("affine-8", "affine-4", "affine-3", "affine-2", "turbo-4", "turbo-3", "turbo-2",
-                   "affine-k8v4", "affine-k4v3", "turbo-k8v4", "turbo-k4v3")
+                   "affine-k8v4", "affine-k4v3", "turbo-k8v4", "turbo-k4v3",
+                   "affine-3-p1-h8", "affine-2-p1-h8", "turbo-3-p1-h8", "turbo-2-p1-h8", "affine-k4v3-p1-h8",
+                   "turbo-k4v3-p1-h8",
+                   "affine-4-r16", "turbo-4-r16", "affine-3-r16", "turbo-3-r16", "turbo-2-r16", "turbo-k4v3-r16",
+                   "turbo-3-p1-h8-r16")
 BASELINE_NAMES = ("none", "unquantized", "dense", "bf16", "fp16", "fp32")
 
 
-def _not_yet(what: str) -> Callable[[str], object]:
-    def parse(_: str):
-        raise ValueError(f"{what} is not implemented in turboquant.compile yet")
-    return parse
+def _boundary_layers(text: str) -> Tuple[int, ...]:
+    n = int(text)
+    if n < 1:
+        raise ValueError(f"-p{text}: the number of boundary layers must be >= 1")
+    return tuple(range(n)) + tuple(range(-n, 0))
 
 
 # prefix -> (turboquant.compile keyword, parser of the rest of the token)
@@ -43,7 +54,9 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
     "c": ("clip_percentile", float),
     "s": ("seed", int),
     "m": ("metadata_dtype", str),
-    "p": ("protect_layers", _not_yet("-pN (protected boundary layers)")),
+    "p": ("protected_layers", _boundary_layers),
+    "h": ("protected_bits", int),
+    "r": ("residual_window", int),
 }
 
 

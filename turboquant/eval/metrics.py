@@ -19,6 +19,13 @@ cache at every position; splitting the window into a prefill chunk plus continua
 ``turboquant.compile`` on CPU) and only adds calls. The first tokens of a window see few keys,
 so their error is small; later tokens read more quantized keys.
 
+**Residual window** (``-rN``): the cache keeps the N most recently *written* positions in full
+precision. A decode step's query then reads its N nearest positions exactly — but a one-forward
+prefill over a whole window writes all its positions first, so only the last N are dense for
+every query. ``chunk=1`` (each token predicted by a decode step over the cache, as in
+generation) measures what generation sees; it gives every configuration without a window the
+same logits as one forward, so a table run with ``chunk=1`` compares all rows on one protocol.
+
 Backends (``Runner(backend=…)``):
 
 * ``"compile"`` (default): ``turboquant.compile(copy.deepcopy(model), **options)`` — the product path
@@ -72,7 +79,8 @@ class Runner:
 
         cache = DynamicCache(config=self.model.config)
         if self.kv is not None and self.backend == "eager":
-            hf.quantize_cache(cache, lambda i: self.kv)
+            n = len(cache.layers)
+            hf.quantize_cache(cache, lambda i: self.kv.for_layer(i, n))
             heads, head_dim = _kv_shape(self.model)
             cache.early_initialization(batch, heads, head_dim, self.model.dtype, self.model.device)
         return cache

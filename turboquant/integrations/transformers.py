@@ -51,20 +51,21 @@ def new_dynamic_cache(model):
     return DynamicCache(config=model.config)
 
 
-def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec) -> QuantizedCacheTensor:
+def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) -> QuantizedCacheTensor:
     if isinstance(x, QuantizedCacheTensor):
         return x
     if x.dim() == 1 and x.numel() == 0:  # DynamicLayer's empty start: [B, H, 0, D]
         shape = (*like.shape[:-2], 0, like.shape[-1])
-        return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device)
+        return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device, window=window)
     if not bool(x.any()):  # preallocated zeros: never quantize them, just allocate codes
-        return QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device)
-    return QuantizedCacheTensor.from_dense(x, spec)
+        return QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window)
+    return QuantizedCacheTensor.from_dense(x, spec, window=window)
 
 
 def _convert_layer(layer, config: KVQuantConfig, key_states, value_states) -> None:
-    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"))
-    layer.values = _to_quantized(layer.values, value_states, config.spec("v"))
+    w = config.residual_window
+    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"), w)
+    layer.values = _to_quantized(layer.values, value_states, config.spec("v"), w)
 
 
 def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
