@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -176,12 +177,13 @@ def plot_ppl_vs_bits(rows: Sequence[dict], path: str, title: str = "") -> Option
     methods = sorted({r["method"] for r in rows if r["method"] != "none"})
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
-        same = sorted((r["bits_per_element"], r["ppl_change_pct"]) for r in mine if r.get("k_bits") == r.get("v_bits"))
-        mixed = [(r["bits_per_element"], r["ppl_change_pct"]) for r in mine if r.get("k_bits") != r.get("v_bits")]
+        plain = re.compile(rf"^{method}-\d+$")  # the method at one width, no other option: the line
+        same = sorted((r["bits_per_element"], r["ppl_change_pct"]) for r in mine if plain.match(r["config"]))
+        other = [(r["bits_per_element"], r["ppl_change_pct"]) for r in mine if not plain.match(r["config"])]
         line, = ax.plot([p[0] for p in same], [p[1] for p in same], marker="o", label=method)
-        if mixed:  # K and V at different widths: same colour, open markers, not on the line
-            ax.plot([p[0] for p in mixed], [p[1] for p in mixed], ls="none", marker="s", mfc="none",
-                    color=line.get_color(), label=f"{method}, K/V bits differ")
+        if other:  # K/V widths differ, protected layers, residual window: same colour, open markers
+            ax.plot([p[0] for p in other], [p[1] for p in other], ls="none", marker="s", mfc="none",
+                    color=line.get_color(), label=f"{method} with options (kKvV, -p, -r)")
         for r in mine:
             ax.annotate(r["config"], (r["bits_per_element"], r["ppl_change_pct"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)

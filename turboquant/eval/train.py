@@ -5,7 +5,7 @@
 
 Model: transformers ``LlamaForCausalLM`` (GQA 8 query / 2 KV heads, head_dim 64, RoPE θ = 10000,
 6 layers, hidden 384, MLP 896, vocab 264 byte-level tokens, 4096 positions), saved in bfloat16
-with ``save_pretrained(safe_serialization=True)`` (≈ 19 MB) beside ``turboquant_tokenizer.json``
+as safetensors shards of ≤ 10 MB (≈ 19 MB in all) beside ``turboquant_tokenizer.json``
 and ``training_summary.json``.
 
 Data (:mod:`turboquant.eval.corpus`, :mod:`turboquant.eval.needle`): each row of a batch is
@@ -46,7 +46,7 @@ from .corpus import TOKENIZER_FILE, ByteTokenizer, train_files, train_tokens
 from .needle import make_needle_sample
 from .run import REFERENCE_MODEL
 
-__all__ = ["ARCH", "TINY_ARCH", "build_model", "train", "main"]
+__all__ = ["ARCH", "TINY_ARCH", "build_model", "train", "fit_text", "main"]
 
 ARCH = dict(hidden_size=384, intermediate_size=896, num_hidden_layers=6, num_attention_heads=8,
             num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10000.0)
@@ -189,7 +189,8 @@ def train(args) -> dict:
     # save in bf16, then evaluate what was saved, loaded back through transformers
     model.eval()
     os.makedirs(args.out, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
+    # shards of ≤ 10 MB: one file each fits what a remote run can hand back, and transformers loads them as one
+    model.to(torch.bfloat16).save_pretrained(args.out, max_shard_size="10MB")
     with open(os.path.join(args.out, TOKENIZER_FILE), "w") as f:
         json.dump(tok.to_dict(), f, indent=1)
     summary = _summary(args, step, tokens, stopped_by, log, n_params, arch, curriculum, stream, device, train_s,
@@ -230,6 +231,30 @@ def _evaluate(args, arch: dict, device) -> dict:
                         "model_dtype": ev["meta"]["dtype"]},
             "needle_accuracy": {k.split("_", 1)[1]: v for k, v in row.items() if k.startswith("needle_")},
             "needles_per_context": args.eval_needles}
+
+
+def fit_text(model, steps: int, seq_len: int = 128, batch: int = 16, lr: float = 3e-3, seed: int = 0,
+             max_bytes: int = 2_000_000):
+    """Train ``model`` (any transformers causal LM with ≥ 256 byte tokens) for ``steps`` AdamW steps
+    on stdlib text: deterministic for a seed, seconds for a tiny model on CPU. Returns the model in
+    eval mode. Random weights give near-uniform or chaotic next-token distributions; a few hundred
+    steps give the confident, text-shaped predictions that fidelity probes need."""
+    stream = train_tokens(max_bytes=max_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(_param_groups(model, 0.0), lr=lr, betas=(0.9, 0.95))
+    model.train()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step / steps, step, lr, max(1, steps // 10))
+        starts = torch.randint(0, len(stream) - seq_len, (batch,), generator=gen)
+        ids = torch.stack([stream[o:o + seq_len] for o in starts.tolist()])
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return model.eval()
 
 
 def _summary(args, step, tokens, stopped_by, log, n_params, arch, curriculum, stream, device, train_s, t_start):
