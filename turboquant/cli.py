@@ -29,9 +29,9 @@ def _demo(args) -> int:
     rows = run_demo(args.model, bits=args.bits, method=args.method, prompt_len=args.prompt_len,
                     new_tokens=args.new_tokens, batch=args.batch)
     print(f"Greedy generation, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, batch {args.batch} "
-          f"({'model ' + args.model if args.model else 'default random-weight Llama-architecture model'}; "
+          f"({'model ' + args.model if args.model else 'default: the trained reference model, held-out prompts'}; "
           "every row compiled; tokens/s after warm-up)")
-    print(format_table(rows, ["setting", "cache_bytes", "ratio_vs_dense", "tokens_per_s", "token_agreement"]))
+    print(format_table(rows, ["setting", "cache_bytes", "ratio_vs_dense", "tokens_per_s", "token_agreement", "sample"]))
     return 0
 
 
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--csv", default="", help="also write the table to this CSV file")
     d.set_defaults(func=_distortion)
     m = sub.add_parser("demo", help="generate with and without a quantized KV cache and compare")
-    m.add_argument("--model", default=None, help="a local transformers checkpoint (default: a small built-in model)")
+    m.add_argument("--model", default=None, help="a local transformers checkpoint (default: the reference model in turboquant/eval/reference_model)")
     m.add_argument("--bits", type=int, nargs="+", default=[8, 4, 3])
     m.add_argument("--method", default="affine", choices=["affine", "turbo"])
     m.add_argument("--prompt-len", type=int, default=64)
