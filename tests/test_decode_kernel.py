@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turboquant import KVQuantConfig, quantize_kv, reference_attention
+from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
 
 pytest.importorskip("triton")
 from turboquant.templates.decode_attention import decode_attention, supports  # noqa: E402
@@ -120,3 +120,38 @@ def test_op_dispatches_to_the_kernel_on_cuda():
     out = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
     ref = reference_attention(q, quantize_kv(k, cfg), quantize_kv(k, cfg, role="v"))
     assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("method, mask, num_splits", [("affine", None, 1), ("turbo", "bool", 3),
+                                                       ("affine", "causal", 2), ("turbo", "additive", 1)])
+def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_splits):
+    """Positions a ring holds are read from it dense, the rest from the codes: the kernel against
+    the float64 decode-overlay-attend of the same buffers."""
+    from turboquant.cache import overlay_ring
+
+    B, hkv, g, L, S, D, W = 2, 2, 4, 2, 29, 64, 5
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(B, hkv * g, L, D, generator=gen).to(DEVICE)
+    cfg = KVQuantConfig(method=method, bits=2)  # coarse codes: the ring's rows must visibly matter
+    kq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg)
+    vq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg, role="v")
+    k_ring = torch.randn(B, hkv, W, D, generator=gen).to(DEVICE)
+    v_ring = torch.randn(B, hkv, W, D, generator=gen).to(DEVICE)
+    ring_pos = torch.tensor([0, 26, 27, -1, 4], device=DEVICE)  # slot = pos mod 5; slot 3 empty; 0 and 4 early
+    m = None
+    if mask == "bool":
+        m = (torch.rand(B, 1, L, S, generator=gen) > 0.3).to(DEVICE)
+        m[..., 0] = True
+    elif mask == "additive":
+        m = torch.randn(B, hkv * g, L, S, generator=gen).to(DEVICE)
+    flat = (lambda t: t.flatten(-2)) if method == "affine" else (lambda t: t)
+    out = decode_attention(q, kq.codes, flat(kq.meta), vq.codes, flat(vq.meta), kq.spec, vq.spec, D, attn_mask=m,
+                           is_causal=mask == "causal", block_n=16 if DEVICE == "cpu" else 128,
+                           num_splits=num_splits, k_ring=k_ring, v_ring=v_ring, ring_pos=ring_pos)
+    k = overlay_ring(dequantize_kv(kq).double(), k_ring.double(), ring_pos)
+    v = overlay_ring(dequantize_kv(vq).double(), v_ring.double(), ring_pos)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, attn_mask=m if m is None or m.dtype == torch.bool else m.double(),
+                                                           is_causal=mask == "causal", enable_gqa=True)
+    no_ring = reference_attention(q, kq, vq, attn_mask=m, is_causal=mask == "causal")
+    assert _rel(out, ref) < TOL
+    assert _rel(no_ring, ref) > 10 * TOL  # the ring changed the answer: the test sees it

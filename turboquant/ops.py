@@ -80,8 +80,8 @@ def attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_co
     ``softcap > 0`` caps the scores as :func:`turboquant.quant.reference.masked_softmax` does.
     ``*_ring``/``*_ring_pos``: the residual window (:mod:`turboquant.cache`); the positions a ring
     holds are read from it in full precision.
-    On CUDA, decode shapes without a residual window run the Triton kernel of
-    :mod:`turboquant.templates.decode_attention`.
+    On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention`
+    (a residual window's ring as one more merged partial).
     """
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)
@@ -93,10 +93,13 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
     from .templates import decode_attention as kernel  # Triton: imported only where a GPU runs
 
     ks, vs = _spec_from_args(k_spec), _spec_from_args(v_spec)
-    # the kernel does not read a residual window's ring yet: those caches take the decoded path
-    if k_ring is None and v_ring is None and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
+    # a residual window's ring is one more partial of the kernel's split merge; K and V rings are
+    # written together, so one position table serves both
+    rings_ok = (k_ring is None) == (v_ring is None)
+    if rings_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
         out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
-                                      is_causal=is_causal, scale=scale, softcap=softcap)
+                                      is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
+                                      v_ring=v_ring, ring_pos=k_ring_pos)
         return out.to(q.dtype)
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)

@@ -178,9 +178,9 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, mask_ptr,
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, mask_ptr, ring_pos_ptr,
     po_ptr, pm_ptr, pl_ptr,
-    S, sm_scale, softcap,
+    S, n_parts, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
     stride_kcb, stride_kch, stride_kcs,
     stride_kmb, stride_kmh, stride_kms,
@@ -193,6 +193,7 @@ def _decode_split_kernel(
     K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    RING_W: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -203,7 +204,6 @@ def _decode_split_kernel(
     tl.static_assert(VPW >= 16)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
     b = (pid_bh // HKV).to(tl.int64)
     h = (pid_bh % HKV).to(tl.int64)
 
@@ -280,6 +280,9 @@ def _decode_split_kernel(
                 keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
             else:
                 s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
+        if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
+            held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n_ok, other=-1) == n64
+            keep = keep & ~held[None, :]
         s = tl.where(keep, s, float("-inf"))
 
         # ---- online softmax (base 2) ------------------------------------------------------
@@ -317,8 +320,8 @@ def _decode_split_kernel(
         inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # every key masked: 0, as the oracle
         z_c = (z_acc * inv)[:, None]
         inv = inv[:, None]
-    else:  # partials: [B, Hq, L, n_splits, VP·VPW] in natural dim order
-        prow = ((b * HKV * G + qh) * L + ql) * n_splits + split
+    else:  # partials: [B, Hq, L, n_parts, VP·VPW] in natural dim order (a ring's part is the last)
+        prow = ((b * HKV * G + qh) * L + ql) * n_parts + split
         out_row = po_ptr + prow[:, None] * (VP * VPW)
         inv = tl.full([M, 1], 1.0, tl.float32)
         z_c = z_acc[:, None]
@@ -373,6 +376,38 @@ def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, 
     return None
 
 
+def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_spec, po, pm, pl):
+    """The ring's partial, written into the last part: unnormalised output (turbo values in the
+    rotated domain, as the kernel's parts), running max in log2 units, normaliser."""
+    B, HQ, L, D = q.shape
+    g = HQ // k_ring.shape[1]
+    kr = k_ring.float().repeat_interleave(g, 1)
+    vr = v_ring.float().repeat_interleave(g, 1)
+    if v_spec.method == "turbo":
+        vr = vr @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32).T
+    s = (q.float() @ kr.transpose(-1, -2)) * scale                     # [B, Hq, L, W]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s * LOG2E.value
+    w = ring_pos.shape[0]
+    # a slot counts only where it holds its own position (pos mod W), as overlay_ring reads it
+    keep = ((ring_pos >= 0) & (ring_pos < S) & (ring_pos % w == torch.arange(w, device=q.device))).expand(B, HQ, L, -1)
+    if is_causal:  # top-left aligned, as the kernel and scaled_dot_product_attention
+        keep = keep & (ring_pos[None, :] <= torch.arange(L, device=q.device)[:, None])
+    if attn_mask is not None:
+        m = attn_mask.expand(B, HQ, L, S).index_select(-1, ring_pos.clamp(0, max(S - 1, 0)))
+        if m.dtype == torch.bool:
+            keep = keep & m
+        else:
+            s = s + m.float() * LOG2E.value
+    s = s.masked_fill(~keep, float("-inf"))
+    m_r = s.amax(-1)
+    p = torch.exp2(s - torch.where(m_r == float("-inf"), 0.0, m_r)[..., None])
+    pm.copy_(m_r)
+    pl.copy_(p.sum(-1))
+    po.copy_(p @ vr)
+
+
 def _use_asm(q: torch.Tensor) -> bool:
     """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -397,9 +432,16 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
                      num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8,
-                     use_asm: Optional[bool] = None) -> torch.Tensor:
+                     use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
+                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
-    in ``q``'s dtype."""
+    in ``q``'s dtype.
+
+    ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
+    the positions the ring holds; their dense attention is one more partial, merged by the
+    splits' merge (log-sum-exp), so the ring never widens the kernel.
+    """
+    q_in = q
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -423,16 +465,21 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
-    final = num_splits == 1
+    ring_w = 0 if k_ring is None else k_ring.shape[-2]
+    n_parts = num_splits + (1 if ring_w else 0)
+    final = n_parts == 1
     out_dtype = torch.float32 if v_spec.method == "turbo" else q_dtype  # turbo still rotates back
     out = torch.empty(B, HQ, L, D, device=q.device, dtype=out_dtype)
     if final:
         po = out
         pm = pl = out  # unused
     else:
-        po = torch.empty(B, HQ, L, num_splits, VP * VPW, device=q.device, dtype=torch.float32)
-        pm = torch.empty(B, HQ, L, num_splits, device=q.device, dtype=torch.float32)
+        po = torch.empty(B, HQ, L, n_parts, VP * VPW, device=q.device, dtype=torch.float32)
+        pm = torch.empty(B, HQ, L, n_parts, device=q.device, dtype=torch.float32)
         pl = torch.empty_like(pm)
+    if ring_w:
+        _ring_part(q_in, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_spec,
+                   po[..., -1, :D], pm[..., -1], pl[..., -1])
     if attn_mask is not None:
         mask = attn_mask.expand(B, HQ, L, S)
         if mask.dtype == torch.bool:
@@ -442,8 +489,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         mask, strides = q, (0, 0, 0, 0)
     _decode_split_kernel[(B * HKV, num_splits)](
         q, k_codes, k_meta, v_codes, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device), mask,
-        po, pm, pl,
-        S, float(scale), float(softcap or 0.0),
+        ring_pos if ring_w else q, po, pm, pl,
+        S, n_parts, float(scale), float(softcap or 0.0),
         q.stride(0), q.stride(1), q.stride(2),
         k_codes.stride(0), k_codes.stride(1), k_codes.stride(2),
         k_meta.stride(0), k_meta.stride(1), k_meta.stride(2),
@@ -455,12 +502,13 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
-        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), num_warps=num_warps, num_stages=num_stages,
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, num_warps=num_warps,
+        num_stages=num_stages,
     )
     if not final:
-        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, num_splits, D=D, PO_W=VP * VPW,
+        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, n_parts, D=D, PO_W=VP * VPW,
                                             BLOCK_D=max(16, triton.next_power_of_2(D)),
-                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)))
+                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(n_parts)))
     if v_spec.method == "turbo":
         out = (out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)).to(q_dtype)
     return out
