@@ -455,3 +455,25 @@ def test_trained_model_generation_at_8_bits_keeps_every_token(family, attn, cach
     row = coverage.run_case(family, cache, attn, 3, 32, fit_steps=300)
     assert row["status"] == "quantized" and row["same_seqs"] == "3/3", row
     assert row["logits_rel_err_8bit"] < 1e-2
+
+
+def test_turbo_static_cache_compiles_with_cold_tables():
+    """The first use of a rotation/codebook can happen while a static cache's write is traced with fake
+    tensors: the table must still be built (and cached) for real."""
+    from turboquant.quant import codebooks, rotation
+
+    rotation._rotation_cpu.cache_clear()
+    codebooks._solve.cache_clear()
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(7))
+    cfg = turboquant.KVQuantConfig(method="turbo", bits=3)
+    eager_cache = transformers.DynamicCache(config=base.config)
+    turboquant.integrations.transformers.quantize_cache(eager_cache, lambda i: cfg)
+    model = turboquant.compile(copy.deepcopy(base), method="turbo", bits=3)
+    rotation._rotation_cpu.cache_clear()
+    codebooks._solve.cache_clear()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+        ref = base.generate(ids, max_new_tokens=6, do_sample=False, past_key_values=eager_cache)
+    assert torch.equal(out, ref)
+    assert not any(isinstance(t, torch._subclasses.FakeTensor) for t in (rotation._rotation_cpu(32, 0),))

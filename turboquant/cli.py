@@ -41,6 +41,12 @@ def _eval(args) -> int:
     return run_from_args(args, args._argv)
 
 
+def _bench(args) -> int:
+    from .bench.e2e import run_from_args
+
+    return run_from_args(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tq", description="turboquant: quantized KV caches for PyTorch models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -66,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                        description="Fidelity of quantized KV caches on held-out text (turboquant/eval/run.py).")
     eval_arguments(e)
     e.set_defaults(func=_eval)
+    from .bench.e2e import add_arguments as bench_arguments
+
+    b = sub.add_parser("bench", help="compiled generation: tokens/s, TTFT, memory, cache bytes vs a bf16 cache",
+                       description="End-to-end generation benchmark (turboquant/bench/e2e.py).")
+    bench_arguments(b)
+    b.set_defaults(func=_bench)
     return p
 
 

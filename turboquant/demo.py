@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["default_model", "run_demo"]
+__all__ = ["default_model", "run_demo", "compiled_baseline", "timed_generate"]
 
 
 def default_model(seed: int = 0):
@@ -25,7 +25,7 @@ def default_model(seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
-def _compiled_baseline(base):
+def compiled_baseline(base):
     """The same model compiled with the default backend and its dense cache: the fair comparison."""
     model = copy.deepcopy(base)
     model.forward = torch.compile(model.forward)
@@ -33,11 +33,14 @@ def _compiled_baseline(base):
     return model
 
 
-def _generate(model, ids, new_tokens):
+def timed_generate(model, ids, new_tokens, **kwargs):
+    """Greedy ``new_tokens`` tokens: ``(tokens, cache, seconds)`` (device work included)."""
     with torch.no_grad():
         t0 = time.perf_counter()
         out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             return_dict_in_generate=True)
+                             return_dict_in_generate=True, **kwargs)
+        if ids.is_cuda:
+            torch.cuda.synchronize(ids.device)
         dt = time.perf_counter() - t0
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
     return out.sequences[:, ids.shape[1]:], cache, dt
@@ -67,13 +70,13 @@ def run_demo(model_path: Optional[str] = None, bits: List[int] = (8, 4, 3), meth
     for b in tqdm(settings, desc="tq demo", unit="setting"):
         torch._dynamo.reset()  # every setting compiles the same forward code afresh
         if b is None:
-            model = _compiled_baseline(base)
+            model = compiled_baseline(base)
             name = f"unquantized ({base.dtype}), compiled"
         else:
             model = turboquant.compile(copy.deepcopy(base), bits=b, method=method)
             name = f"turboquant {method} {b}-bit"
-        _generate(model, ids, 4)  # prefill, first and steady decode graphs compile outside the timed run
-        tokens, cache, dt = _generate(model, ids, new_tokens)
+        timed_generate(model, ids, 4)  # prefill, first and steady decode graphs compile outside the timed run
+        tokens, cache, dt = timed_generate(model, ids, new_tokens)
         if ref_tokens is None:
             ref_tokens = tokens
             dense = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))

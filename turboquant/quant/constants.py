@@ -22,7 +22,8 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
     """
     if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
         return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype)
-    table = table_fn(*key)
+    with real_tensor_mode():  # a table first built under fake tensors would be cached fake for good
+        table = table_fn(*key)
     if tracing_with_fake_tensors():
         return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)
     return _on_device(table, device, dtype)

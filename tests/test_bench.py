@@ -1,0 +1,29 @@
+"""``tq bench`` end to end on a tiny model (CPU): every column, exact cache bytes, CSV."""
+
+import csv
+
+import pytest
+
+from turboquant.cli import main
+
+pytest.importorskip("transformers")
+
+
+def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", "--tiny", "--device", "cpu", "--contexts", "24", "--batches", "2", "--new-tokens", "4",
+                 "--settings", "bf16", "affine-4", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "decode_tok_s" in text and "budget_vs_bf16" in text
+    rows = {r["setting"]: r for r in csv.DictReader(open(out / "e2e_generate.csv"))}
+    assert set(rows) == {"bf16", "affine-4"}
+    # fp32 tiny model, head_dim 32: 16 bytes of 4-bit codes + fp16 (scale, zero) per 128-byte vector
+    assert float(rows["affine-4"]["cache_ratio"]) == pytest.approx(20 / 128)
+    assert float(rows["affine-4"]["budget_vs_bf16"]) == pytest.approx(128 / 20, rel=1e-6)
+    assert float(rows["bf16"]["speedup"]) == 1.0 and float(rows["affine-4"]["decode_tok_s"]) > 0
+    assert rows["affine-4"]["device"] and rows["affine-4"]["torch"]
+
+
+def test_tq_bench_rejects_an_unknown_setting_before_running():
+    with pytest.raises(ValueError, match="not understood"):
+        main(["bench", "--tiny", "--device", "cpu", "--settings", "affine-4", "nonsense-3", "--out", ""])

@@ -1,0 +1,205 @@
+"""``tq bench``: compiled generation with a bf16 cache against turboquant, end to end.
+
+For each prompt length × batch × setting: a Llama-architecture model (random weights; ~1B
+parameters by default: 16 layers, 32 query / 8 KV heads, head_dim 128) generates greedily
+with transformers' static cache, compiled (``torch.compile`` for the bf16 baseline,
+``turboquant.compile`` for quantized settings). Reported per row:
+
+* ``ttft_ms``: a generate of one token (prefill + first token);
+* ``decode_tok_s``: ``batch × (n - 1) / (t(n) - t(1))`` — decode steps only;
+* ``peak_gib``: peak device memory of the n-token generate (CUDA);
+* ``cache_bytes`` and ``cache_ratio``: bytes the cache holds (codes + metadata) vs the same
+  cache in the model's dtype (bf16 on CUDA, fp32 on CPU);
+* ``budget_tokens``: tokens (batch × context summed) a ``--budget-gib`` cache holds at this
+  setting's bytes per token, and ``budget_vs_bf16``.
+
+Settings are ``tq eval`` spec strings (``affine-4``, ``turbo-3``, ``turbo-3-r16``, …) plus
+``bf16``. ``--tiny`` swaps in a 2-layer model for a CPU smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..eval.configs import parse_config
+
+__all__ = ["E2E_ARCH", "TINY_ARCH", "COLUMNS", "build_model", "run_bench", "add_arguments", "run_from_args"]
+
+E2E_ARCH = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=40960)
+TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=4096)
+DEFAULT_SETTINGS = ("bf16", "affine-8", "affine-4", "affine-3", "turbo-8", "turbo-4", "turbo-3")
+COLUMNS = ["setting", "context", "batch", "ttft_ms", "decode_tok_s", "speedup", "peak_gib", "cache_bytes",
+           "cache_ratio", "budget_tokens", "budget_vs_bf16"]
+
+
+def build_model(arch: dict, device, dtype, seed: int = 0):
+    """A Llama-architecture causal LM with random weights, built locally."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**arch)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype)
+    return model.eval()
+
+
+def _cache_bytes(cache, dense_dtype) -> tuple:
+    """(bytes held, bytes of the same cache in ``dense_dtype``)."""
+    from ..cache import QuantizedCacheTensor
+
+    held = dense = 0
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            dense += t.numel() * torch.empty((), dtype=dense_dtype).element_size()
+            held += t.quantized_nbytes if isinstance(t, QuantizedCacheTensor) else t.numel() * t.element_size()
+    return held, dense
+
+
+def _prepared(base, setting: str, mode: Optional[str]):
+    import turboquant
+
+    from ..demo import compiled_baseline
+
+    torch._dynamo.reset()
+    if setting == "bf16":
+        model = compiled_baseline(base) if mode is None else copy.deepcopy(base)
+        if mode is not None:
+            model.forward = torch.compile(model.forward, mode=mode)
+            model.generation_config.disable_compile = True
+        return model
+    cfg = parse_config(setting)
+    return turboquant.compile(copy.deepcopy(base), **cfg.kwargs, **({"mode": mode} if mode else {}))
+
+
+def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8),
+              settings: Sequence[str] = DEFAULT_SETTINGS, new_tokens: int = 128, budget_gib: float = 40.0,
+              device: str = "auto", tiny: bool = False, mode: Optional[str] = None, progress: bool = True,
+              seed: int = 0) -> List[dict]:
+    from ..demo import timed_generate
+
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    arch = dict(TINY_ARCH if tiny else E2E_ARCH)
+    arch["max_position_embeddings"] = max(arch["max_position_embeddings"], max(contexts) + new_tokens)
+    for name in settings:
+        if name != "bf16":
+            parse_config(name)  # bad names fail before anything is built
+    base = build_model(arch, dev, dtype, seed)
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        tqdm = None
+    runs = [(c, b, s) for c in contexts for b in batches for s in settings]
+    bar = tqdm(total=len(runs), desc="tq bench", unit="run", disable=not progress, file=sys.stderr) if tqdm else None
+    rows, baseline = [], {}
+    gen = torch.Generator().manual_seed(seed)
+    for context in contexts:
+        for batch in batches:
+            ids = torch.randint(0, arch["vocab_size"], (batch, context), generator=gen).to(dev)
+            for setting in settings:
+                if bar is not None:
+                    bar.set_description(f"tq bench {setting} {batch}x{context}")
+                model = _prepared(base, setting, mode)
+                kw = dict(cache_implementation="static")
+                # a static cache is sized by max_new_tokens: warm both lengths so no timing compiles
+                timed_generate(model, ids, 1, **kw)
+                timed_generate(model, ids, new_tokens, **kw)
+                _, _, t1 = timed_generate(model, ids, 1, **kw)
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                _, cache, tn = timed_generate(model, ids, new_tokens, **kw)
+                peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+                held, dense = _cache_bytes(cache, dtype)
+                per_token = held / (batch * (context + new_tokens))
+                row = {"setting": setting, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
+                       "decode_tok_s": batch * (new_tokens - 1) / max(tn - t1, 1e-9), "peak_gib": peak,
+                       "cache_bytes": held, "cache_ratio": held / dense,
+                       "budget_tokens": int(budget_gib * 2**30 / per_token)}
+                if setting == "bf16":
+                    baseline[(context, batch)] = row
+                ref = baseline.get((context, batch))
+                row["speedup"] = row["decode_tok_s"] / ref["decode_tok_s"] if ref else float("nan")
+                row["budget_vs_bf16"] = row["budget_tokens"] / ref["budget_tokens"] if ref else float("nan")
+                rows.append(row)
+                del model, cache
+                if bar is not None:
+                    bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def plot(rows: Sequence[dict], folder: str) -> List[str]:
+    """PNGs: decode tokens/s vs context and cache memory vs context (one line per setting and batch)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    for key, ylabel, name, logy in (("decode_tok_s", "decode tokens/s", "tokens_per_s.png", False),
+                                    ("cache_bytes", "cache bytes", "cache_bytes.png", True)):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for setting in dict.fromkeys(r["setting"] for r in rows):
+            for batch in sorted({r["batch"] for r in rows}):
+                pts = sorted((r["context"], r[key]) for r in rows if r["setting"] == setting and r["batch"] == batch)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{setting}, batch {batch}")
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768], help="prompt lengths")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS),
+                   help="bf16 and tq eval spec strings, e.g. affine-4 turbo-3 turbo-3-r16")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--budget-gib", type=float, default=40.0, help="cache budget for the tokens-that-fit column")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune"],
+                   help="torch.compile mode for every setting (reduce-overhead: CUDA graphs)")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer model (CPU smoke run)")
+    p.add_argument("--out", default=out_default, help="folder for e2e_generate.csv and the PNGs ('' for none)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def run_from_args(args) -> int:
+    from ..reporting import environment, format_table, write_csv
+
+    rows = run_bench(args.contexts, args.batches, args.settings, args.new_tokens, args.budget_gib, args.device,
+                     args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress)
+    env = environment()
+    print(f"End-to-end greedy generation, {args.new_tokens} new tokens, static cache, compiled "
+          f"({'tiny' if args.tiny else '~1B'} Llama, random weights; {env.get('device', '')}); speedup and "
+          f"budget_vs_bf16 against bf16 in the same run; budget {args.budget_gib:g} GiB.")
+    print(format_table(rows, COLUMNS))
+    if args.out:
+        extra = [{**r, **env} for r in rows]
+        print(f"wrote {write_csv(extra, os.path.join(args.out, 'e2e_generate.csv'), COLUMNS + sorted(env))}")
+        paths = plot(rows, args.out)
+        print("wrote " + ", ".join(paths) if paths else "matplotlib is not installed: no PNG")
+    return 0
