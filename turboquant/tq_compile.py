@@ -68,6 +68,18 @@ class CompileState:
     graphs: int = 0
     layers: Dict[str, LayerReport] = field(default_factory=dict)
     num_layers: Optional[int] = None   # known for transformers models; else the attentions in the graph
+    # turboquant.compile judges "no cache found" after a whole call (a call may compile several
+    # graphs and the first may hold no attention); the bare backend judges each graph
+    check_after_call: bool = False
+    warned_no_cache: bool = False
+
+    def warn_if_no_cache(self) -> None:
+        if self.layers or self.warned_no_cache:
+            return
+        self.warned_no_cache = True
+        warnings.warn("turboquant: no KV-cache write feeding an attention was found in the captured graphs; the "
+                      "model runs unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ "
+                      "and read by scaled_dot_product_attention or matmul-softmax-matmul)", stacklevel=4)
 
     def layer_config(self, layer: int, graph_layers: int) -> Optional[KVQuantConfig]:
         """Layer ``layer``'s config (``None``: kept dense by ``protected_layers``)."""
@@ -139,10 +151,8 @@ def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bo
             reason = "its K/V are not tensors the graph receives as inputs"
             _warn_once(f"layer {layer} ({site.k.source}) left unquantized: {reason}")
             state.record(LayerReport(**{**row, "bits": "", "status": "dense", "reason": reason}))
-    if not sites and not state.layers:
-        _warn_once("no KV-cache write feeding an attention was found in the captured graph; the model runs "
-                   "unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ and read "
-                   "by scaled_dot_product_attention or matmul-softmax-matmul)")
+    if not sites and not state.check_after_call:
+        state.warn_if_no_cache()
     return to_swap
 
 
@@ -264,7 +274,7 @@ def compile(model, bits: int = 4, **options):
     config = KVQuantConfig.from_kwargs(bits=bits, **options)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"turboquant.compile expects an nn.Module, got {type(model).__name__}")
-    state = CompileState(config, mode=compile_kwargs.get("mode"))
+    state = CompileState(config, mode=compile_kwargs.get("mode"), check_after_call=True)
     is_hf = hf.is_hf_model(model)
     if is_hf:
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -279,7 +289,10 @@ def compile(model, bits: int = 4, **options):
     def forward(*args, **kwargs):
         if is_hf:
             _prepare_hf_cache(model, state, cache_arg, args, kwargs)
-        return compiled(*args, **kwargs)
+        out = compiled(*args, **kwargs)
+        if state.graphs:
+            state.warn_if_no_cache()
+        return out
 
     model.forward = forward
     model._turboquant = state
