@@ -164,10 +164,13 @@ def test_tq_eval_end_to_end(tiny_model, tmp_path, capsys):
                "256", "--needles", "3", "--max-windows", "3", "--window", "128", "--backend", "eager",
                "--csv", str(out), "--png", str(tmp_path / "eval.png"), "--no-progress"])
     assert rc == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "config | method" in text and "turbo-k4v3" in text and "needle_256" in text
     rows = _read_csv(out)
     assert [r["config"] for r in rows] == ["none", "affine-8", "affine-2", "turbo-k4v3"]
+    # every row is also printed the moment it is measured, so a run cut short keeps its rows
+    assert captured.err.count("tq eval row: ") == len(rows)
     none, a8, a2, t43 = rows
     assert float(none["kl"]) == 0.0 and float(none["ppl_change_pct"]) == 0.0
     assert float(a8["kl"]) < float(a2["kl"]) and float(a8["bits_per_element"]) == 9.0

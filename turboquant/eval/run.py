@@ -22,7 +22,7 @@ import shlex
 import sys
 import time
 import warnings
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -97,11 +97,12 @@ def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_
              contexts: Sequence[int] = (1024, 2048, 4096), needles: int = 32, max_windows: int = 64,
              window: int = 1024, batch_size: int = 4, device: str = "auto", dtype: str = "auto",
              backend: str = "compile", needle_mode: str = "generate", chunk: int = 0, seed: int = 0,
-             progress: bool = True, model=None) -> dict:
+             progress: bool = True, model=None, on_row: Optional[Callable[[dict], None]] = None) -> dict:
     """Evaluate ``configs`` on one model; returns ``{"rows", "columns", "meta"}``.
 
     ``model``: an already loaded transformers model (then ``model_path`` only names it and picks
-    its tokenizer). The first row is always the unquantized model (``"none"``).
+    its tokenizer). The first row is always the unquantized model (``"none"``). ``on_row`` sees
+    each row as soon as it is measured (a run cut short keeps what it printed).
     """
     cfgs: List[EvalConfig] = parse_configs(["none", *configs])
     if backend not in BACKENDS:
@@ -149,6 +150,8 @@ def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_
                          "bits_per_element": bpe, "ppl": m["ppl"], "ppl_change_pct": 100.0 * (m["ppl"] / base_ppl - 1),
                          "kl": m["kl"], "top1_agree": m["top1_agree"], **acc,
                          "seconds": time.perf_counter() - t0})
+            if on_row is not None:
+                on_row(rows[-1])
             if runner is not ref_runner:
                 del runner
     finally:
@@ -229,6 +232,14 @@ def add_arguments(p: argparse.ArgumentParser, csv_default: str = "tq_eval.csv", 
     return p
 
 
+def _print_row(row: dict) -> None:
+    """One measured row on stderr at once, so a run that is cut short still shows its rows."""
+    needles = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith("needle_"))
+    print(f"tq eval row: {row['config']} bits/el {row['bits_per_element']:.3f} ppl {row['ppl']:.4f} "
+          f"({row['ppl_change_pct']:+.3f}%) kl {row['kl']:.3g} top1 {row['top1_agree']:.4f} {needles} "
+          f"[{row['seconds']:.1f} s]", file=sys.stderr, flush=True)
+
+
 def run_from_args(args, argv: Optional[Sequence[str]] = None) -> int:
     from ..reporting import format_table, write_csv
 
@@ -236,7 +247,7 @@ def run_from_args(args, argv: Optional[Sequence[str]] = None) -> int:
         res = run_eval(args.model, configs=args.configs, contexts=args.contexts, needles=args.needles,
                        max_windows=args.max_windows, window=args.window, batch_size=args.batch_size,
                        device=args.device, dtype=args.dtype, backend=args.backend, needle_mode=args.needle_mode,
-                       chunk=args.chunk, seed=args.seed, progress=not args.no_progress)
+                       chunk=args.chunk, seed=args.seed, progress=not args.no_progress, on_row=_print_row)
     except ModelNotFound as e:
         print(f"tq eval: {e}", file=sys.stderr)
         return 2
