@@ -13,8 +13,10 @@ def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", "--tiny", "--device", "cpu", "--contexts", "24", "--batches", "2", "--new-tokens", "4",
                  "--settings", "bf16", "affine-4", "--out", str(out), "--no-progress"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "decode_tok_s" in text and "budget_vs_bf16" in text
+    assert captured.err.count("tq bench row: ") == 2
     rows = {r["setting"]: r for r in csv.DictReader(open(out / "e2e_generate.csv"))}
     assert set(rows) == {"bf16", "affine-4"}
     # fp32 tiny model, head_dim 32: 16 bytes of 4-bit codes + fp16 (scale, zero) per 128-byte vector

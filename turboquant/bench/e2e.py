@@ -130,6 +130,10 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
                 row["speedup"] = row["decode_tok_s"] / ref["decode_tok_s"] if ref else float("nan")
                 row["budget_vs_bf16"] = row["budget_tokens"] / ref["budget_tokens"] if ref else float("nan")
                 rows.append(row)
+                # at once, on stderr: a run cut short keeps what it measured
+                print(f"tq bench row: {setting} context {context} batch {batch}: ttft {row['ttft_ms']:.2f} ms, "
+                      f"decode {row['decode_tok_s']:.1f} tok/s (x{row['speedup']:.3f}), cache {held:,} B "
+                      f"({row['cache_ratio']:.4f}), peak {peak:.2f} GiB", file=sys.stderr, flush=True)
                 del model, cache
                 if bar is not None:
                     bar.update(1)
