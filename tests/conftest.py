@@ -26,3 +26,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compiled-model tests start and end with no Dynamo caches and zeroed counters (they assert on both)."""
+    from turboquant.compat import dynamo_counters
+
+    torch._dynamo.reset()
+    dynamo_counters().clear()
+    yield
+    torch._dynamo.reset()

@@ -15,6 +15,7 @@ from turboquant.compat import dynamo_counters
 from turboquant.testing import left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 def _llama(attn=None, family="llama"):
     return tiny_hf_model(family, attn=attn)
@@ -23,14 +24,6 @@ def _llama(attn=None, family="llama"):
 def _generate(model, ids, **kw):
     with torch.no_grad():
         return model.generate(ids, max_new_tokens=12, do_sample=False, **kw)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    dynamo_counters().clear()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma", "gemma2", "gemma3"])
@@ -470,12 +463,10 @@ def test_trained_model_generation_at_8_bits_keeps_every_token(family, attn, cach
     prompts keeps all 32 greedy tokens at 8 bits, and the cache is really quantized (2 bits differ)."""
     import importlib.util
     import os
-    import sys
 
     path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "compile_coverage.py")
     spec = importlib.util.spec_from_file_location("compile_coverage", path)
     coverage = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("compile_coverage", coverage)
     spec.loader.exec_module(coverage)
     row = coverage.run_case(family, cache, attn, 3, 32, fit_steps=300)
     assert row["status"] == "quantized" and row["same_seqs"] == "3/3", row

@@ -14,7 +14,7 @@ import turboquant
 from turboquant.compat import dynamo_counters
 from turboquant.integrations.transformers import cache_kwarg, quantize_cache
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
 transformers = pytest.importorskip("transformers")
 
 
@@ -43,14 +43,6 @@ def _eager_quantized(model, ids, n, cfg):
     cache = transformers.DynamicCache(config=model.config)
     quantize_cache(cache, lambda i: cfg)
     return _generate(model, ids, n, past_key_values=cache)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    dynamo_counters().clear()
-    yield
-    torch._dynamo.reset()
 
 
 def _diverges_only_at_near_ties(tokens, ref_tokens, ref_logits, margin=0.1):

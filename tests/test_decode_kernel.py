@@ -127,7 +127,7 @@ def test_op_dispatches_to_the_kernel_on_cuda():
 def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_splits):
     """Positions a ring holds are read from it dense, the rest from the codes: the kernel against
     the float64 decode-overlay-attend of the same buffers."""
-    from turboquant.cache import overlay_ring
+    from turboquant.ops import overlay_ring
 
     B, hkv, g, L, S, D, W = 2, 2, 4, 2, 29, 64, 5
     gen = torch.Generator().manual_seed(11)

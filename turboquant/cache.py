@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 from .config import TensorQuantSpec
-from .ops import decode_buffers, spec_args
+from .ops import decode_buffers, overlay_ring, spec_args
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
@@ -245,16 +245,6 @@ def _no_ring(t, what: str) -> None:
     if t.ring is not None:
         raise UnsupportedCacheOperation(f"turboquant: {what} on a quantized KV cache with a residual window is not "
                                         "supported (the window needs the sequence at dim -2); use residual_window=0")
-
-
-def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor) -> torch.Tensor:
-    """``dense [..., S, D]`` with every position the ring holds taken from the ring (full precision)."""
-    s, w = dense.shape[-2], ring.shape[-2]
-    pos = torch.arange(s, device=dense.device)
-    slot = pos % w
-    held = ring_pos.index_select(0, slot) == pos
-    from_ring = ring.index_select(ring.dim() - 2, slot).to(dense.dtype)
-    return torch.where(held[:, None], from_ring, dense)
 
 
 def _dense(x):

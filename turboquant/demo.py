@@ -25,10 +25,10 @@ def default_model(seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
-def compiled_baseline(base):
+def compiled_baseline(base, mode: Optional[str] = None):
     """The same model compiled with the default backend and its dense cache: the fair comparison."""
     model = copy.deepcopy(base)
-    model.forward = torch.compile(model.forward)
+    model.forward = torch.compile(model.forward, mode=mode)
     model.generation_config.disable_compile = True
     return model
 
@@ -79,11 +79,8 @@ def run_demo(model_path: Optional[str] = None, bits: List[int] = (8, 4, 3), meth
         tokens, cache, dt = timed_generate(model, ids, new_tokens)
         if ref_tokens is None:
             ref_tokens = tokens
-            dense = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-            held = dense
-        else:
-            nb = turboquant.cache_nbytes(cache)
-            held, dense = nb["quantized"], nb["dense"]
+        nb = turboquant.cache_nbytes(cache, with_dense=True)
+        held, dense = nb["quantized"], nb["dense"]
         rows.append({"setting": name, "cache_bytes": held, "ratio_vs_dense": held / dense,
                      "tokens_per_s": batch * new_tokens / dt,
                      "token_agreement": float((tokens == ref_tokens).float().mean()),

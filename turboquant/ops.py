@@ -18,7 +18,7 @@ from .quant.packed import decode
 from .quant.packing import unpack_codes
 from .quant.reference import masked_softmax
 
-__all__ = ["attention", "spec_args", "decode_buffers"]
+__all__ = ["attention", "spec_args", "decode_buffers", "overlay_ring"]
 
 _METHOD_IDS = {"affine": 0, "turbo": 1}
 _METHODS = {v: k for k, v in _METHOD_IDS.items()}
@@ -45,11 +45,22 @@ def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpe
     return decode(c, m, spec, dtype)
 
 
+def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor) -> torch.Tensor:
+    """``dense [..., S, D]`` with every position the ring holds taken from the ring (full precision).
+
+    A residual window's read (:mod:`turboquant.cache`): slot = position mod W.
+    """
+    s, w = dense.shape[-2], ring.shape[-2]
+    pos = torch.arange(s, device=dense.device)
+    slot = pos % w
+    held = ring_pos.index_select(0, slot) == pos
+    from_ring = ring.index_select(ring.dim() - 2, slot).to(dense.dtype)
+    return torch.where(held[:, None], from_ring, dense)
+
+
 def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
                        v_head_dim, softcap, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
     """Decode the caches and attend in float32 (CPU, and what the CUDA kernel does not cover)."""
-    from .cache import overlay_ring
-
     k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
     v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
     if k_ring is not None:

@@ -25,7 +25,7 @@ import gc
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -301,10 +301,13 @@ def compile(model, bits: int = 4, **options):
     return model
 
 
-def cache_nbytes(obj) -> Dict[str, int]:
-    """``{"quantized": bytes held, "dense": bytes the same caches take in their dtype}``.
+def cache_nbytes(obj, with_dense: bool = False) -> Dict[str, int]:
+    """``{"quantized": bytes held, "dense": bytes the same caches take in their dtype, "elements": their
+    elements}``.
 
-    ``obj``: a transformers cache, a module (its buffers), or a list of tensors.
+    ``obj``: a transformers cache, a module (its buffers), or a list of tensors. Counted: the
+    quantized caches; with ``with_dense`` the dense tensors too (a cache's layers left unquantized,
+    e.g. protected ones, or a dense baseline; for a module, every buffer).
     """
     if hf.is_hf_cache(obj):
         tensors = [t for layer in obj.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
@@ -312,9 +315,12 @@ def cache_nbytes(obj) -> Dict[str, int]:
         tensors = list(obj.buffers())
     else:
         tensors = list(obj)
-    q = [t for t in tensors if isinstance(t, QuantizedCacheTensor)]
-    return {"quantized": sum(t.quantized_nbytes for t in q),
-            "dense": sum(t.numel() * t.element_size() for t in q)}
+    q = [t for t in tensors
+         if isinstance(t, QuantizedCacheTensor) or (with_dense and isinstance(t, torch.Tensor) and t.numel())]
+    return {"quantized": sum(t.quantized_nbytes if isinstance(t, QuantizedCacheTensor) else t.numel() * t.element_size()
+                             for t in q),
+            "dense": sum(t.numel() * t.element_size() for t in q),
+            "elements": sum(t.numel() for t in q)}
 
 
 class Report(list):

@@ -23,12 +23,12 @@ import argparse
 import copy
 import os
 import sys
-import time
 from typing import List, Optional, Sequence
 
 import torch
 
 from ..eval.configs import parse_config
+from ..tq_compile import cache_nbytes
 
 __all__ = ["E2E_ARCH", "TINY_ARCH", "COLUMNS", "build_model", "run_bench", "add_arguments", "run_from_args"]
 
@@ -52,18 +52,6 @@ def build_model(arch: dict, device, dtype, seed: int = 0):
     return model.eval()
 
 
-def _cache_bytes(cache, dense_dtype) -> tuple:
-    """(bytes held, bytes of the same cache in ``dense_dtype``)."""
-    from ..cache import QuantizedCacheTensor
-
-    held = dense = 0
-    for layer in cache.layers:
-        for t in (layer.keys, layer.values):
-            dense += t.numel() * torch.empty((), dtype=dense_dtype).element_size()
-            held += t.quantized_nbytes if isinstance(t, QuantizedCacheTensor) else t.numel() * t.element_size()
-    return held, dense
-
-
 def _prepared(base, setting: str, mode: Optional[str]):
     import turboquant
 
@@ -71,11 +59,7 @@ def _prepared(base, setting: str, mode: Optional[str]):
 
     torch._dynamo.reset()
     if setting == "bf16":
-        model = compiled_baseline(base) if mode is None else copy.deepcopy(base)
-        if mode is not None:
-            model.forward = torch.compile(model.forward, mode=mode)
-            model.generation_config.disable_compile = True
-        return model
+        return compiled_baseline(base, mode)
     cfg = parse_config(setting)
     return turboquant.compile(copy.deepcopy(base), **cfg.kwargs, **({"mode": mode} if mode else {}))
 
@@ -118,7 +102,8 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
                     torch.cuda.reset_peak_memory_stats(dev)
                 _, cache, tn = timed_generate(model, ids, new_tokens, **kw)
                 peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-                held, dense = _cache_bytes(cache, dtype)
+                nb = cache_nbytes(cache, with_dense=True)
+                held, dense = nb["quantized"], nb["dense"]
                 per_token = held / (batch * (context + new_tokens))
                 row = {"setting": setting, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
                        "decode_tok_s": batch * (new_tokens - 1) / max(tn - t1, 1e-9), "peak_gib": peak,

@@ -113,19 +113,12 @@ class Runner:
 
     def bits_per_element(self) -> float:
         """Bits the last call's cache holds per K/V element, metadata included (16/32 when dense)."""
-        cache = self.last_cache
-        if cache is None:
+        if self.last_cache is None:
             return float("nan")
-        from ..cache import QuantizedCacheTensor
+        from ..tq_compile import cache_nbytes
 
-        bits = numel = 0
-        for layer in cache.layers:
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor) and t.numel():
-                    numel += t.numel()
-                    bits += (t.quantized_nbytes * 8 if isinstance(t, QuantizedCacheTensor)
-                             else t.numel() * t.element_size() * 8)
-        return bits / numel if numel else float("nan")
+        nb = cache_nbytes(self.last_cache, with_dense=True)
+        return nb["quantized"] * 8 / nb["elements"] if nb["elements"] else float("nan")
 
 
 def heldout_windows(stream: torch.Tensor, window: int, max_windows: int, bos: int) -> torch.Tensor:
