@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
-    assert main(["bench", "--tiny", "--device", "cpu", "--contexts", "24", "--batches", "2", "--new-tokens", "4",
+    # --shapes picks (batch, context) pairs; here the same single pair --contexts 24 --batches 2 gives
+    assert main(["bench", "--tiny", "--device", "cpu", "--shapes", "2x24", "--new-tokens", "4",
                  "--settings", "bf16", "affine-4", "--out", str(out), "--no-progress"]) == 0
     captured = capsys.readouterr()
     text = captured.out
@@ -24,6 +25,12 @@ def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
     assert float(rows["affine-4"]["budget_vs_bf16"]) == pytest.approx(128 / 20, rel=1e-6)
     assert float(rows["bf16"]["speedup"]) == 1.0 and float(rows["affine-4"]["decode_tok_s"]) > 0
     assert rows["affine-4"]["device"] and rows["affine-4"]["torch"]
+    assert rows["affine-4"]["batch"] == "2" and rows["affine-4"]["context"] == "24"
+
+
+def test_tq_bench_names_a_bad_shape():
+    with pytest.raises(SystemExit, match="BATCHxCONTEXT"):
+        main(["bench", "--tiny", "--device", "cpu", "--shapes", "8by32768", "--out", ""])
 
 
 def test_tq_bench_rejects_an_unknown_setting_before_running():

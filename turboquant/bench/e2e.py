@@ -67,13 +67,15 @@ def _prepared(base, setting: str, mode: Optional[str]):
 def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8),
               settings: Sequence[str] = DEFAULT_SETTINGS, new_tokens: int = 128, budget_gib: float = 40.0,
               device: str = "auto", tiny: bool = False, mode: Optional[str] = None, progress: bool = True,
-              seed: int = 0) -> List[dict]:
+              seed: int = 0, shapes: Optional[Sequence[tuple]] = None) -> List[dict]:
+    """``shapes``: ``(batch, context)`` pairs to run instead of every batch × context."""
     from ..demo import timed_generate
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    shapes = list(shapes) if shapes else [(b, c) for c in contexts for b in batches]
     arch = dict(TINY_ARCH if tiny else E2E_ARCH)
-    arch["max_position_embeddings"] = max(arch["max_position_embeddings"], max(contexts) + new_tokens)
+    arch["max_position_embeddings"] = max(arch["max_position_embeddings"], max(c for _, c in shapes) + new_tokens)
     for name in settings:
         if name != "bf16":
             parse_config(name)  # bad names fail before anything is built
@@ -82,46 +84,46 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
         tqdm = None
-    runs = [(c, b, s) for c in contexts for b in batches for s in settings]
+    runs = [(c, b, s) for b, c in shapes for s in settings]
     bar = tqdm(total=len(runs), desc="tq bench", unit="run", disable=not progress, file=sys.stderr) if tqdm else None
     rows, baseline = [], {}
     gen = torch.Generator().manual_seed(seed)
-    for context in contexts:
-        for batch in batches:
-            ids = torch.randint(0, arch["vocab_size"], (batch, context), generator=gen).to(dev)
-            for setting in settings:
-                if bar is not None:
-                    bar.set_description(f"tq bench {setting} {batch}x{context}")
-                model = _prepared(base, setting, mode)
-                kw = dict(cache_implementation="static")
-                # a static cache is sized by max_new_tokens: warm both lengths so no timing compiles
-                timed_generate(model, ids, 1, **kw)
-                timed_generate(model, ids, new_tokens, **kw)
-                _, _, t1 = timed_generate(model, ids, 1, **kw)
-                if dev.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(dev)
-                _, cache, tn = timed_generate(model, ids, new_tokens, **kw)
-                peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-                nb = cache_nbytes(cache, with_dense=True)
-                held, dense = nb["quantized"], nb["dense"]
-                per_token = held / (batch * (context + new_tokens))
-                row = {"setting": setting, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
-                       "decode_tok_s": batch * (new_tokens - 1) / max(tn - t1, 1e-9), "peak_gib": peak,
-                       "cache_bytes": held, "cache_ratio": held / dense,
-                       "budget_tokens": int(budget_gib * 2**30 / per_token)}
-                if setting == "bf16":
-                    baseline[(context, batch)] = row
-                ref = baseline.get((context, batch))
-                row["speedup"] = row["decode_tok_s"] / ref["decode_tok_s"] if ref else float("nan")
-                row["budget_vs_bf16"] = row["budget_tokens"] / ref["budget_tokens"] if ref else float("nan")
-                rows.append(row)
-                # at once, on stderr: a run cut short keeps what it measured
-                print(f"tq bench row: {setting} context {context} batch {batch}: ttft {row['ttft_ms']:.2f} ms, "
-                      f"decode {row['decode_tok_s']:.1f} tok/s (x{row['speedup']:.3f}), cache {held:,} B "
-                      f"({row['cache_ratio']:.4f}), peak {peak:.2f} GiB", file=sys.stderr, flush=True)
-                del model, cache
-                if bar is not None:
-                    bar.update(1)
+    for batch, context in shapes:
+        ids = torch.randint(0, arch["vocab_size"], (batch, context), generator=gen).to(dev)
+        for setting in settings:
+            if bar is not None:
+                bar.set_description(f"tq bench {setting} {batch}x{context}")
+            model = _prepared(base, setting, mode)
+            kw = dict(cache_implementation="static")
+            # generate keeps its static cache while a later call fits in it: the long call
+            # first compiles the prefill and decode graphs that both timed lengths then run
+            # (each prefill of 8 x 32K costs seconds: no more warm-up than that)
+            timed_generate(model, ids, new_tokens, **kw)
+            _, _, t1 = timed_generate(model, ids, 1, **kw)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            _, cache, tn = timed_generate(model, ids, new_tokens, **kw)
+            peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+            nb = cache_nbytes(cache, with_dense=True)
+            held, dense = nb["quantized"], nb["dense"]
+            per_token = held / (batch * (context + new_tokens))
+            row = {"setting": setting, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
+                   "decode_tok_s": batch * (new_tokens - 1) / max(tn - t1, 1e-9), "peak_gib": peak,
+                   "cache_bytes": held, "cache_ratio": held / dense,
+                   "budget_tokens": int(budget_gib * 2**30 / per_token)}
+            if setting == "bf16":
+                baseline[(context, batch)] = row
+            ref = baseline.get((context, batch))
+            row["speedup"] = row["decode_tok_s"] / ref["decode_tok_s"] if ref else float("nan")
+            row["budget_vs_bf16"] = row["budget_tokens"] / ref["budget_tokens"] if ref else float("nan")
+            rows.append(row)
+            # at once, on stderr: a run cut short keeps what it measured
+            print(f"tq bench row: {setting} context {context} batch {batch}: ttft {row['ttft_ms']:.2f} ms, "
+                  f"decode {row['decode_tok_s']:.1f} tok/s (x{row['speedup']:.3f}), cache {held:,} B "
+                  f"({row['cache_ratio']:.4f}), peak {peak:.2f} GiB", file=sys.stderr, flush=True)
+            del model, cache
+            if bar is not None:
+                bar.update(1)
     if bar is not None:
         bar.close()
     return rows
@@ -163,6 +165,8 @@ def plot(rows: Sequence[dict], folder: str) -> List[str]:
 def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192, 32768], help="prompt lengths")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--shapes", nargs="+", default=None, metavar="BATCHxCONTEXT",
+                   help="run these batch x context pairs only (e.g. 1x1024 8x32768) instead of every combination")
     p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS),
                    help="bf16 and tq eval spec strings, e.g. affine-4 turbo-3 turbo-3-r16")
     p.add_argument("--new-tokens", type=int, default=128)
@@ -179,8 +183,16 @@ def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
 def run_from_args(args) -> int:
     from ..reporting import environment, format_table, write_csv
 
+    shapes = None
+    if args.shapes:
+        try:
+            shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
+            assert all(len(s) == 2 for s in shapes)
+        except (ValueError, AssertionError):
+            raise SystemExit(f"--shapes takes BATCHxCONTEXT pairs such as 8x32768, got {args.shapes}")
     rows = run_bench(args.contexts, args.batches, args.settings, args.new_tokens, args.budget_gib, args.device,
-                     args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress)
+                     args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress,
+                     shapes=shapes)
     env = environment()
     print(f"End-to-end greedy generation, {args.new_tokens} new tokens, static cache, compiled "
           f"({'tiny' if args.tiny else '~1B'} Llama, random weights; {env.get('device', '')}); speedup and "

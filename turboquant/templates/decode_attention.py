@@ -1,17 +1,20 @@
 """Split-K decode attention that reads packed K/V codes directly (Triton).
 
-One program handles one (batch, KV head, split of the sequence): all ``G = Hq / Hkv`` query
-heads and all ``L`` query positions of that KV head are the rows of one tile, so each KV byte
-is read once. Codes are unpacked in registers from the packed bit stream (code ``i`` of a row
-starts at bit ``i·BITS``, the layout of :mod:`turboquant.quant.packing`) and never written
-back as a dense tensor:
+One program handles one (batch, KV head, split of the sequence, tile of ≤ 32 query rows): all
+``G = Hq / Hkv`` query heads and all ``L`` query positions of that KV head are the rows of one
+tile, so each KV byte is read once. A packed row is never re-interleaved: it splits into
+*planes* (plane ``s`` = the codes of dims ``planes·t + s``), the keys of a plane meet the
+matching strided query dims in one MMA, and the values accumulate into strided output slices.
+2/4/8-bit rows are read as 16-bit words; a field masked in place inside its byte is already an
+MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND:
 
-* affine keys: ``score_j = s_j · (q·c_j − z_j · Σq)`` (group size = head_dim);
+* affine keys: ``score_j = s_j · (q·c_j − z_j · Σq)`` (group size = head_dim), the field's place
+  value folded into the query planes;
 * affine values: the V scale is folded into the probabilities, ``acc += (p·s) @ c`` and the
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
-* turbo: codes index a 2^b-entry LUT of centroids; ``q`` arrives rotated and the output
-  leaves rotated (the caller rotates once per query / output row), norms scale the scores
-  and the probabilities.
+* 3-bit affine and turbo: codes index a table (0..7, or the 2^b centroids) in registers; turbo
+  ``q`` arrives rotated and the output leaves rotated (the caller rotates once per query /
+  output row), norms scale the scores and the probabilities.
 
 Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
 merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
@@ -36,23 +39,32 @@ MAX_QUERY_LEN = 8
 
 
 LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is one instruction
-# fp16 with exponent bits 0x64 is 1024 + its low 10 bits: OR-ing a code (< 1024) into 0x6400
-# makes "1024 + code" in fp16 with integer ops alone; the 1024 comes off with the zero point.
-MAGIC = tl.constexpr(1024.0)
+# A 2/4/8-bit field masked in place inside its byte, read as fp16 bits, is the fp16 subnormal
+# field · 2^-24 exactly (MMA keeps subnormal fp16 operands): one AND per two codes makes MMA
+# operands, with no offset to fold away and no shift for the fields of the low byte. The
+# field's place value (``_field_unit``) is folded into the query (keys) or the output (values).
+MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, which faults here (H200, Triton 3.6)
 
 
 def _planes(bits: int) -> int:
-    """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``."""
-    return 8 if bits == 3 else 8 // bits
+    """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
+
+    2/4/8-bit rows are read as 16-bit words (``16 / bits`` codes each): the dot operand then has
+    the 16-bit layout (k-width 2), which keeps the query's MMA fragments in place; 8-bit
+    sources made Triton use k-width 4 and ptxas copied four query registers before every MMA.
+    3-bit rows are read as 24-bit words from three byte planes (8 codes each).
+    """
+    return 8 if bits == 3 else 16 // bits
 
 
 @triton.jit
 def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr):
-    """The bytes that hold plane column ``t`` of each row (uint8 ``[BLOCK_N, PW]``; three for 3 bits).
+    """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits).
 
-    For 2, 4 and 8 bits byte ``t`` holds the codes of dims ``planes·t … planes·t + planes − 1``;
-    for 3 bits the 24-bit word ``t`` holds dims ``8t … 8t + 7`` and its bytes lie byte-planar at
-    ``t``, ``W + t``, ``2W + t`` (``W = NBYTES / 3`` words): three contiguous loads.
+    For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
+    ``planes·t … planes·t + planes − 1``; for 3 bits (uint8) the 24-bit word ``t`` holds dims
+    ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
+    (``W = NBYTES / 3`` words): three contiguous loads.
     """
     t = tl.arange(0, PW)
     if BITS == 3:
@@ -62,7 +74,7 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
         b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
         b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
     else:
-        b0 = tl.load(row_ptr + t[None, :], mask=n_ok[:, None] & (t[None, :] < NBYTES), other=0)
+        b0 = tl.load(row_ptr + t[None, :], mask=n_ok[:, None] & (t[None, :] < NBYTES // 2), other=0)
         b1 = b0
         b2 = b0
     return b0, b1, b2
@@ -70,15 +82,11 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
 
 @triton.jit
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
-    """Integer codes (int32) of plane ``S`` from the row bytes of :func:`_load_row_bytes`."""
-    w0 = b0.to(tl.int32)
-    if BITS == 8:
-        c = w0
-    elif BITS == 4:
-        c = (w0 >> (4 * S)) & 15
-    elif BITS == 2:
-        c = (w0 >> (2 * S)) & 3
+    """Integer codes (int32) of plane ``S`` from the row words of :func:`_load_row_bytes`."""
+    if BITS != 3:
+        c = (b0.to(tl.int32) >> (BITS * S)) & ((1 << BITS) - 1)  # the mask also drops int16 sign bits
     else:
+        w0 = b0.to(tl.int32)
         w1 = b1.to(tl.int32)
         w2 = b2.to(tl.int32)
         if S == 0:
@@ -100,50 +108,68 @@ def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     return c
 
 
-def _plane_asm(shift: int, mask: int) -> tl.constexpr:
-    """PTX for :func:`_magic_asm`: pick each byte's field, then two byte permutes put each field
-    (low byte) under 0x64 (high byte) — four fp16 ``1024 + code`` from one 32-bit register."""
-    shr = f"shr.u32 t, $2, {shift}; and.b32 t, t, " if shift else "and.b32 t, $2, "
-    pick = "" if mask == 0xFF else f"{shr}{mask * 0x01010101:#010x}; "
-    src = "$2" if mask == 0xFF else "t"
-    return tl.constexpr("{ .reg .b32 t, k; mov.b32 k, 0x64646464; " + pick
-                        + f"prmt.b32 $0, {src}, k, 0x4140; prmt.b32 $1, {src}, k, 0x4342; }}")
+@triton.constexpr_function
+def _field_unit(bits, turbo, s):
+    """What one unit of plane ``s``'s fp16 value is worth: ``2^-24 · 2^(bits · (s mod planes per byte))``
+    for in-place fields (2/4/8-bit affine), 1 for table values (turbo, 3-bit)."""
+    bits, s = int(bits), int(s)
+    if bool(turbo) or bits == 3:
+        return 1.0
+    return 2.0 ** (bits * (s % (8 // bits)) - 24)
 
 
-_ASM_8 = _plane_asm(0, 0xFF)
-_ASM_4_0, _ASM_4_1 = (_plane_asm(4 * s, 0xF) for s in range(2))
-_ASM_2_0, _ASM_2_1, _ASM_2_2, _ASM_2_3 = (_plane_asm(2 * s, 0x3) for s in range(4))
+@triton.constexpr_function
+def _field_mask(bits, s):
+    """Mask of plane ``s``'s field in a 16-bit word, within the byte it lies in."""
+    bits, s = int(bits), int(s)
+    return ((1 << bits) - 1) << (bits * (s % (8 // bits)))
+
+
+@triton.constexpr_function
+def _field_asm(bits, s):
+    """``and`` with :func:`_field_mask` in both words of a register."""
+    bits, s = int(bits), int(s)
+    return f"and.b32 $0, $1, {(((1 << bits) - 1) << (bits * (s % (8 // bits)))) * 0x00010001:#010x};"
 
 
 @triton.jit
-def _magic_asm(b, BITS: tl.constexpr, S: tl.constexpr):
-    """``1024 + code`` (fp16) of plane ``S`` of packed bytes ``b`` (2, 4 or 8 bits), four bytes per call."""
-    if BITS == 8:
-        asm: tl.constexpr = _ASM_8
-    elif BITS == 4:
-        asm: tl.constexpr = _ASM_4_0 if S == 0 else _ASM_4_1
+def _high_bytes(w):
+    """Each int16 word's high byte moved down, zeros above (one ``prmt`` per two words)."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x4341;", "=r,r", [w], dtype=tl.int16, is_pure=True,
+                                     pack=2)
+
+
+@triton.jit
+def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp16 subnormals of plane ``S``'s fields of int16 words ``w``, in place (worth ``_field_unit``)."""
+    HIGH: tl.constexpr = S >= 8 // BITS  # the field lies in the word's high byte
+    MASK: tl.constexpr = _field_mask(BITS, S)
+    if USE_ASM:
+        src = _high_bytes(w) if HIGH else w
+        if BITS == 8 and HIGH:
+            vals = src.to(tl.float16, bitcast=True)
+        else:
+            ASM: tl.constexpr = _field_asm(BITS, S)
+            vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
     else:
-        asm: tl.constexpr = _ASM_2_0 if S == 0 else (_ASM_2_1 if S == 1 else (_ASM_2_2 if S == 2 else _ASM_2_3))
-    return tl.inline_asm_elementwise(asm, "=r,=r,r", [b], dtype=tl.float16, is_pure=True, pack=4)
+        word = w.to(tl.int32) & 0xFFFF
+        if HIGH:
+            word = word >> 8
+        vals = (word & MASK).to(tl.int16).to(tl.float16, bitcast=True)
+    return vals
 
 
 @triton.jit
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
-                  USE_ASM: tl.constexpr, OFFSET: tl.constexpr):
-    """fp16 ``[BLOCK_N, PW]`` values of plane ``S``: turbo centroids, or affine codes — ``1024 + code``
-    with ``OFFSET`` (2/4/8 bits; the caller folds the 1024 into the zero point), else the code itself."""
+                  USE_ASM: tl.constexpr):
+    """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
+    turbo centroids, 3-bit affine codes, or 2/4/8-bit affine fields in place."""
     if TURBO:
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
     elif BITS == 3:  # three source bytes: the table gather (lut = 0..7) compiles best, as for turbo
-        tl.static_assert(not OFFSET, "3-bit codes come without the 1024 offset")
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
     else:
-        if USE_ASM:
-            vals = _magic_asm(b0, BITS, S)
-        else:
-            vals = (_plane_codes(b0, b1, b2, S, BITS) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-        if not OFFSET:
-            vals = vals - 1024.0  # exact in fp16
+        vals = _field_values(b0, S, BITS, USE_ASM)
     return vals
 
 
@@ -160,12 +186,21 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
 
 
 @triton.jit
-def _q_plane(q_row_ptr, row_ok, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
-    """``q[:, P·t + S]`` (fp16 ``[M, PW]``): the query dims that meet plane ``S`` of the keys."""
+def _q_plane(q_row_ptr, row_ok, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
+             BITS: tl.constexpr, TURBO: tl.constexpr):
+    """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
+    ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0."""
     t = tl.arange(0, PW)
     dim = t * P + S
-    return tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0
-                   ).to(tl.float16)
+    SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
+    q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
+    return (q.to(tl.float32) * SCALE).to(tl.float16)
+
+
+@triton.jit
+def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
+    """A query plane of :func:`_q_plane` back in plain units (fp32)."""
+    return q_plane.to(tl.float32) * (_field_unit(BITS, TURBO, S) / _field_unit(BITS, TURBO, 0))
 
 
 @triton.jit
@@ -197,7 +232,6 @@ def _decode_split_kernel(
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
-    tl.static_assert(M >= G * L)
     tl.static_assert(KP * KPW >= D)
     tl.static_assert(VP * VPW >= D)
     tl.static_assert(KPW >= 16)
@@ -207,22 +241,24 @@ def _decode_split_kernel(
     b = (pid_bh // HKV).to(tl.int64)
     h = (pid_bh % HKV).to(tl.int64)
 
-    rows = tl.arange(0, M)
+    rows = tl.program_id(2) * M + tl.arange(0, M)  # query rows (head-major, then position) of this tile
     row_ok = rows < G * L
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q0 = _q_plane(q_row, row_ok, 0, KP, KPW, D)
-    q1 = _q_plane(q_row, row_ok, 1, KP, KPW, D)
-    q2 = _q_plane(q_row, row_ok, 2, KP, KPW, D)
-    q3 = _q_plane(q_row, row_ok, 3, KP, KPW, D)
-    q4 = _q_plane(q_row, row_ok, 4, KP, KPW, D)
-    q5 = _q_plane(q_row, row_ok, 5, KP, KPW, D)
-    q6 = _q_plane(q_row, row_ok, 6, KP, KPW, D)
-    q7 = _q_plane(q_row, row_ok, 7, KP, KPW, D)
-    # Σq of the fp16 query the dots see: affine keys are 1024 + code, so the zero point z becomes z + 1024
-    q_sum = tl.sum((q0.to(tl.float32) + q1.to(tl.float32) + q2.to(tl.float32) + q3.to(tl.float32)
-                    + q4.to(tl.float32) + q5.to(tl.float32) + q6.to(tl.float32) + q7.to(tl.float32)), axis=1)
+    q0 = _q_plane(q_row, row_ok, 0, KP, KPW, D, K_BITS, K_TURBO)
+    q1 = _q_plane(q_row, row_ok, 1, KP, KPW, D, K_BITS, K_TURBO)
+    q2 = _q_plane(q_row, row_ok, 2, KP, KPW, D, K_BITS, K_TURBO)
+    q3 = _q_plane(q_row, row_ok, 3, KP, KPW, D, K_BITS, K_TURBO)
+    q4 = _q_plane(q_row, row_ok, 4, KP, KPW, D, K_BITS, K_TURBO)
+    q5 = _q_plane(q_row, row_ok, 5, KP, KPW, D, K_BITS, K_TURBO)
+    q6 = _q_plane(q_row, row_ok, 6, KP, KPW, D, K_BITS, K_TURBO)
+    q7 = _q_plane(q_row, row_ok, 7, KP, KPW, D, K_BITS, K_TURBO)
+    # Σq (for the key zero points) in plain units, from the fp16 query the dots see
+    q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
+                   + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
+                   + _q_unscaled(q4, 4, K_BITS, K_TURBO) + _q_unscaled(q5, 5, K_BITS, K_TURBO)
+                   + _q_unscaled(q6, 6, K_BITS, K_TURBO) + _q_unscaled(q7, 7, K_BITS, K_TURBO), axis=1)
 
     m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
     l_i = tl.zeros([M], tl.float32)
@@ -236,8 +272,7 @@ def _decode_split_kernel(
     a7 = tl.zeros([M, VPW], tl.float32)
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
-    # affine keys enter the dots as 1024 + code (folded into the zero point), except 3-bit ones
-    K_OFFSET: tl.constexpr = not K_TURBO and K_BITS != 3
+    K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
 
     start = split * (SPLIT_BLOCKS * BLOCK_N)
     for i in range(SPLIT_BLOCKS):
@@ -248,24 +283,24 @@ def _decode_split_kernel(
         # ---- scores -------------------------------------------------------------------
         k0, k1, k2 = _load_row_bytes(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
                                      K_BITS, K_NBYTES, KPW)
-        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)))
+        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM)))
         if KP > 1:
-            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
         if KP > 2:
-            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
-            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
+            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
         if KP > 4:
-            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
-            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
-            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
-            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM, K_OFFSET)), dots)
+            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
+            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
+            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
+            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
         km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
         if K_TURBO:
-            s = dots * (tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale)[None, :]
+            s = dots * (tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * (qk_scale / K_UNIT))[None, :]
         else:
             a_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale
-            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32) + (MAGIC if K_OFFSET else 0.0)
-            s = dots * a_k[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
+            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32)
+            s = dots * (a_k / K_UNIT)[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
             s = s * LOG2E
@@ -297,22 +332,22 @@ def _decode_split_kernel(
         vm_row = vm_ptr + b * stride_vmb + h * stride_vmh + n64 * stride_vms
         pv = (p * tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(tl.float16)
         if not V_TURBO:
-            # values enter the dots as exact codes: a 1024 offset would cancel over thousands of keys
+            # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = tl.load(vm_row + 1, mask=n_ok, other=0.0).to(tl.float32)
             z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * z_v[None, :], axis=1)
         v0, v1, v2 = _load_row_bytes(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
                                      V_BITS, V_NBYTES, VPW)
-        a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a0 * alpha[:, None])
+        a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a0 * alpha[:, None])
         if VP > 1:
-            a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a1 * alpha[:, None])
+            a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a1 * alpha[:, None])
         if VP > 2:
-            a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a2 * alpha[:, None])
-            a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a3 * alpha[:, None])
+            a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a2 * alpha[:, None])
+            a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a3 * alpha[:, None])
         if VP > 4:
-            a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a4 * alpha[:, None])
-            a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a5 * alpha[:, None])
-            a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a6 * alpha[:, None])
-            a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM, False), a7 * alpha[:, None])
+            a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a4 * alpha[:, None])
+            a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a5 * alpha[:, None])
+            a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a6 * alpha[:, None])
+            a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a7 * alpha[:, None])
 
     W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
     if FINAL:  # one split: normalise here and skip the merge launch
@@ -327,17 +362,17 @@ def _decode_split_kernel(
         z_c = z_acc[:, None]
         tl.store(pm_ptr + prow, m_i, mask=row_ok)
         tl.store(pl_ptr + prow, l_i, mask=row_ok)
-    _store_plane(out_row, a0 * inv - z_c, 0, VP, VPW, row_ok, W_OUT)
+    _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
     if VP > 1:
-        _store_plane(out_row, a1 * inv - z_c, 1, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a1 * (inv / _field_unit(V_BITS, V_TURBO, 1)) - z_c, 1, VP, VPW, row_ok, W_OUT)
     if VP > 2:
-        _store_plane(out_row, a2 * inv - z_c, 2, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a3 * inv - z_c, 3, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a2 * (inv / _field_unit(V_BITS, V_TURBO, 2)) - z_c, 2, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a3 * (inv / _field_unit(V_BITS, V_TURBO, 3)) - z_c, 3, VP, VPW, row_ok, W_OUT)
     if VP > 4:
-        _store_plane(out_row, a4 * inv - z_c, 4, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a5 * inv - z_c, 5, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a6 * inv - z_c, 6, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a7 * inv - z_c, 7, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a4 * (inv / _field_unit(V_BITS, V_TURBO, 4)) - z_c, 4, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
+        _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
 
 
 @triton.jit
@@ -373,6 +408,9 @@ def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, 
             return f"affine group_size={spec.group_size} < head_dim"
     if q.shape[1] % hkv:
         return "query heads are not a multiple of KV heads"
+    for spec, d in ((k_spec, head_dim), (v_spec, v_head_dim)):
+        if spec.bits != 3 and (d * spec.bits) % 16:
+            return f"{spec.bits}-bit rows of head_dim {d} are not whole 16-bit words"
     return None
 
 
@@ -408,6 +446,21 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     po.copy_(p @ vr)
 
 
+def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
+    """Rows a tile holds at least (MMA pads to 16 either way). Fewer rows than 16 make ptxas copy
+    the broadcast query fragments before every MMA, more rows cost softmax work on padding; from
+    sm_90 SASS of the loop (warp instructions per key, B=8 Hq=32 Hkv=8 D=128): affine 4-bit 24.1
+    at 16 rows vs 25.4 at 4 (128 registers both); affine 8-bit 24.2 vs 25.4 but 144 registers
+    against 128 (H200: 196 vs 177 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
+    3-bit 74 vs 102."""
+    return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
+
+
+def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
+    """2/4/8-bit rows as int16 words (see :func:`_planes`); 3-bit rows stay bytes."""
+    return codes if spec.bits == 3 else codes.view(torch.int16)
+
+
 def _use_asm(q: torch.Tensor) -> bool:
     """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -433,7 +486,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
                      num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8,
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
-                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
+                     min_tile_rows: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -452,7 +506,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     q = q.contiguous() if q.stride(-1) != 1 else q
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
-    M = max(16, triton.next_power_of_2(G * L))
+    k_words, v_words = _as_words(k_codes, k_spec), _as_words(v_codes, v_spec)
+    min_rows = _min_tile_rows(k_spec, v_spec) if min_tile_rows is None else min_tile_rows
+    M = min(MAX_TILE_ROWS, max(min_rows, triton.next_power_of_2(G * L)))
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
     KPW = max(16, triton.next_power_of_2(triton.cdiv(D, KP)))
     VPW = max(16, triton.next_power_of_2(triton.cdiv(D, VP)))
@@ -487,14 +543,14 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         strides = mask.stride()
     else:
         mask, strides = q, (0, 0, 0, 0)
-    _decode_split_kernel[(B * HKV, num_splits)](
-        q, k_codes, k_meta, v_codes, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device), mask,
+    _decode_split_kernel[(B * HKV, num_splits, triton.cdiv(G * L, M))](
+        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device), mask,
         ring_pos if ring_w else q, po, pm, pl,
         S, n_parts, float(scale), float(softcap or 0.0),
         q.stride(0), q.stride(1), q.stride(2),
-        k_codes.stride(0), k_codes.stride(1), k_codes.stride(2),
+        k_words.stride(0), k_words.stride(1), k_words.stride(2),
         k_meta.stride(0), k_meta.stride(1), k_meta.stride(2),
-        v_codes.stride(0), v_codes.stride(1), v_codes.stride(2),
+        v_words.stride(0), v_words.stride(1), v_words.stride(2),
         v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
         *strides,
         HKV=HKV, G=G, L=L, M=M, D=D, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
