@@ -44,11 +44,13 @@ def test_config_specs():
     assert not parse_config("none").quantized
     assert parse_config("turbo-3-p2-h8").kwargs == {"method": "turbo", "bits": 3, "protected_layers": (0, 1, -2, -1),
                                                     "protected_bits": 8}
+    assert parse_config("turbo-4-n0").kwargs["rescale_norm"] is False
     assert [c.name for c in parse_configs(["affine-8", "AFFINE-8", "turbo-2"])] == ["affine-8", "turbo-2"]
     assert len(parse_configs(DEFAULT_CONFIGS)) == len(DEFAULT_CONFIGS)
     for bad, msg in [("foo-3", "not understood"), ("affine-5", "bits=5"), ("affine-3-x1", "allowed prefixes"),
                      ("turbo-3-g32", "affine"), ("affine-3-p0", "boundary layers must be"),
-                     ("affine-3-h8", "needs protected_layers")]:
+                     ("affine-3-h8", "needs protected_layers"), ("turbo-4-n2", "-n0 or -n1"),
+                     ("affine-4-n0", "turbo' only")]:
         with pytest.raises(ValueError, match=msg):
             parse_config(bad)
 

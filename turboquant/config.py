@@ -56,6 +56,7 @@ class TensorQuantSpec:
     clip_percentile: Optional[float]
     metadata_dtype: torch.dtype
     seed: int
+    rescale_norm: bool = True
 
     def resolved_group_size(self, head_dim: int) -> int:
         """Elements per (scale, zero) group for a head of ``head_dim`` elements."""
@@ -99,6 +100,12 @@ class KVQuantConfig:
             bfloat16 or float32 (also accepted as strings).
         seed: turbo only. Seed of the random rotation; the rotation is a pure function of
             (head_dim, seed), so the same seed always decodes the same codes.
+        rescale_norm: turbo only. ``True`` (default) stores ``‖x‖ / ‖ŷ‖``, ``ŷ`` the decoded
+            unit vector, so a decoded vector keeps the norm of ``x``: Lloyd–Max reconstruction
+            shrinks it by about ``√(1 − D)``, which flattens every softmax over quantized keys.
+            ``False`` stores ``‖x‖`` as the paper does. On the reference model (one forward,
+            8 windows) it takes 4-bit turbo from +3.37% to +2.85% perplexity, 3-bit from
+            +17.5% to +12.6%; the mean squared error grows by about ``D/4`` relative.
         protected_layers: layer indices whose cache keeps more precision (negative indices
             count from the last layer): ``(0, 1, -2, -1)`` protects the first and last two.
             Low-bit caches degrade most in the boundary layers.
@@ -127,6 +134,7 @@ class KVQuantConfig:
     clip_percentile: Optional[float] = None
     metadata_dtype: torch.dtype = torch.float16
     seed: int = 0
+    rescale_norm: bool = True
     protected_layers: Tuple[int, ...] = ()
     protected_bits: Optional[int] = None
     residual_window: int = 0
@@ -155,6 +163,10 @@ class KVQuantConfig:
         object.__setattr__(self, "metadata_dtype", _check_dtype(self.metadata_dtype))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} is not supported; allowed: an integer >= 0")
+        if not isinstance(self.rescale_norm, bool):
+            raise ValueError(f"rescale_norm={self.rescale_norm!r} is not supported; allowed: True or False")
+        if self.method != "turbo" and not self.rescale_norm:
+            raise ValueError("rescale_norm=False applies to method='turbo' only (affine stores no norm)")
         layers = self.protected_layers
         if isinstance(layers, int) and not isinstance(layers, bool):
             layers = (layers,)
@@ -204,4 +216,5 @@ class KVQuantConfig:
         override = self.k_bits if role == "k" else self.v_bits
         return TensorQuantSpec(method=self.method, bits=self.bits if override is None else override,
                                group_size=self.group_size, clip_percentile=self.clip_percentile,
-                               metadata_dtype=self.metadata_dtype, seed=self.seed)
+                               metadata_dtype=self.metadata_dtype, seed=self.seed,
+                               rescale_norm=self.rescale_norm)

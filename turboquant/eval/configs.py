@@ -7,6 +7,8 @@ unquantized model; also ``unquantized``, ``dense``). Options, each introduced by
 ``gN``    group_size=N (affine)           ``affine-4-g32``
 ``cP``    clip_percentile=P (affine)      ``affine-3-c99.9``
 ``sN``    seed=N (turbo rotation)         ``turbo-3-s1``
+``n0``    rescale_norm=False (turbo: the  ``turbo-4-n0``
+          paper's plain norm)
 ``mfp32`` metadata_dtype (fp16/bf16/fp32) ``affine-2-mfp32``
 ``pN``    protected_layers = the first N  ``affine-3-p2``
           and last N layers (unquantized)
@@ -30,14 +32,14 @@ from ..config import KVQuantConfig, METHODS
 
 __all__ = ["EvalConfig", "parse_config", "parse_configs", "DEFAULT_CONFIGS", "BASELINE_NAMES"]
 
-# then the low-bit settings with the first and last layer at 8 bits (-p1-h8), and with the 16 most
-# recent positions in full precision (-r16)
+# then the low-bit settings with the first and last layer at 8 bits (-p1-h8), with the 16 most
+# recent positions in full precision (-r16), and turbo with the paper's plain norm (-n0)
 DEFAULT_CONFIGS = ("affine-8", "affine-4", "affine-3", "affine-2", "turbo-4", "turbo-3", "turbo-2",
                    "affine-k8v4", "affine-k4v3", "turbo-k8v4", "turbo-k4v3",
                    "affine-3-p1-h8", "affine-2-p1-h8", "turbo-3-p1-h8", "turbo-2-p1-h8", "affine-k4v3-p1-h8",
                    "turbo-k4v3-p1-h8",
                    "affine-4-r16", "turbo-4-r16", "affine-3-r16", "turbo-3-r16", "turbo-2-r16", "turbo-k4v3-r16",
-                   "turbo-3-p1-h8-r16")
+                   "turbo-3-p1-h8-r16", "turbo-4-n0", "turbo-3-n0")
 BASELINE_NAMES = ("none", "unquantized", "dense", "bf16", "fp16", "fp32")
 
 
@@ -48,11 +50,18 @@ def _boundary_layers(text: str) -> Tuple[int, ...]:
     return tuple(range(n)) + tuple(range(-n, 0))
 
 
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"-n{text}: allowed -n0 or -n1")
+    return text == "1"
+
+
 # prefix -> (turboquant.compile keyword, parser of the rest of the token)
 _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
     "g": ("group_size", int),
     "c": ("clip_percentile", float),
     "s": ("seed", int),
+    "n": ("rescale_norm", _flag),
     "m": ("metadata_dtype", str),
     "p": ("protected_layers", _boundary_layers),
     "h": ("protected_bits", int),

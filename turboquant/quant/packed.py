@@ -67,7 +67,7 @@ def encode(x: torch.Tensor, spec: TensorQuantSpec):
     if spec.method == "affine":
         return affine_quantize(x, spec.bits, spec.resolved_group_size(x.shape[-1]), spec.clip_percentile,
                                spec.metadata_dtype)
-    return turbo_quantize(x, spec.bits, spec.seed, spec.metadata_dtype)
+    return turbo_quantize(x, spec.bits, spec.seed, spec.metadata_dtype, spec.rescale_norm)
 
 
 def decode(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, dtype: torch.dtype) -> torch.Tensor:

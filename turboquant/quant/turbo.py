@@ -38,8 +38,9 @@ def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> t
     return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
 
 
-def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
-    """Quantize ``x [..., D]``; returns ``codes uint8 [..., D]`` and ``meta [..., 1]`` (the norm)."""
+def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
+    """Quantize ``x [..., D]``; returns ``codes uint8 [..., D]`` and ``meta [..., 1]``: the norm, divided
+    by the decoded unit vector's norm when ``rescale_norm`` (the decoded vector keeps ``‖x‖``)."""
     d = x.shape[-1]
     xw = x.to(_work_dtype(x))
     xw = torch.where(torch.isfinite(xw), xw, torch.zeros((), dtype=xw.dtype, device=xw.device))
@@ -48,6 +49,10 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype):
     z = turbo_rotate(unit, seed) * d ** 0.5
     bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
     codes = torch.bucketize(z, bounds).to(torch.uint8)
+    if rescale_norm:  # ‖ŷ‖ is the rotation-free norm of the centroids the codes pick
+        y = turbo_centroids(d, bits, device=x.device, dtype=xw.dtype)[codes.long()]
+        y_norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+        norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
     return codes, to_metadata(norm, metadata_dtype)
 
 
