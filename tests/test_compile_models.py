@@ -1,6 +1,7 @@
 """turboquant.compile on real model code: transformers models from small configs, gpt-fast style buffers."""
 
 import copy
+import re
 import math
 import warnings
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 import turboquant
 from turboquant.cache import QuantizedCacheTensor
-from turboquant.compat import dynamo_counters
+from turboquant.compat import dynamo_counters, run_and_get_code
 from turboquant.testing import left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -493,3 +494,26 @@ def test_turbo_static_cache_compiles_with_cold_tables():
         ref = base.generate(ids, max_new_tokens=6, do_sample=False, past_key_values=eager_cache)
     assert torch.equal(out, ref)
     assert not any(isinstance(t, torch._subclasses.FakeTensor) for t in (rotation._rotation_cpu(32, 0),))
+
+
+def _decode_step_kernels(model) -> list:
+    with torch.no_grad():
+        model(torch.randn(1, 6, 64), torch.arange(6))  # prefill: the decode step below is a graph of its own
+        _, code = run_and_get_code(model, torch.randn(1, 1, 64), torch.tensor([6]))
+    return re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", "\n".join(code))
+
+
+def test_quantize_on_write_launches_no_kernel_of_its_own():
+    """The compiled decode step of a gpt-fast-style model launches as many kernels quantized as
+    dense: quantizing K/V (per-token min/max, rounding, packing) fuses into the kernel that
+    writes the cache, next to the projection's epilogue."""
+    torch.manual_seed(0)
+    base = GptFast().eval()
+    dense = copy.deepcopy(base)
+    dense.forward = torch.compile(dense.forward)
+    dense_kernels = _decode_step_kernels(dense)
+    torch._dynamo.reset()
+    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4))
+    assert len(quantized_kernels) == len(dense_kernels), (quantized_kernels, dense_kernels)
+    writes = [k for k in quantized_kernels if "index_put" in k]
+    assert writes and all("amax" in k and "round" in k for k in writes), quantized_kernels
