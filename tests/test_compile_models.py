@@ -1,8 +1,8 @@
 """turboquant.compile on real model code: transformers models from small configs, gpt-fast style buffers."""
 
 import copy
-import re
 import math
+import re
 import warnings
 
 import pytest

@@ -113,8 +113,10 @@ def _field_unit(bits, turbo, s):
     """What one unit of plane ``s``'s fp16 value is worth: ``2^-24 · 2^(bits · (s mod planes per byte))``
     for in-place fields (2/4/8-bit affine), 1 for table values (turbo, 3-bit)."""
     bits, s = int(bits), int(s)
-    if bool(turbo) or bits == 3:
+    if bool(turbo):
         return 1.0
+    if bits == 3:  # fields at bits 0, 3 | 1, 4 | 2, 5 of the three bytes; planes 2 and 5 straddle two
+        return 2.0 ** ((0, 3, 0, 1, 4, 0, 2, 5)[s] - 24)
     return 2.0 ** (bits * (s % (8 // bits)) - 24)
 
 
@@ -160,14 +162,31 @@ def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr)
 
 
 @triton.jit
+def _field3_values(b0, b1, b2, S: tl.constexpr):
+    """3-bit plane ``S`` as fp16 subnormals: a field inside one byte masked in place, the two
+    fields that straddle bytes (planes 2 and 5) assembled to ``code · 2^-24``."""
+    if S == 2:
+        f = (b0 >> 6) | ((b1 & 1) << 2)
+    elif S == 5:
+        f = (b1 >> 7) | ((b2 & 3) << 1)
+    elif S < 2:
+        f = b0 & (7 << (3 * S))
+    elif S < 5:
+        f = b1 & (7 << (3 * S - 8))
+    else:
+        f = b2 & (7 << (3 * S - 16))
+    return f.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
                   USE_ASM: tl.constexpr):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids, 3-bit affine codes, or 2/4/8-bit affine fields in place."""
     if TURBO:
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
-    elif BITS == 3:  # three source bytes: the table gather (lut = 0..7) compiles best, as for turbo
-        vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
+    elif BITS == 3:
+        vals = _field3_values(b0, b1, b2, S)
     else:
         vals = _field_values(b0, S, BITS, USE_ASM)
     return vals
@@ -513,8 +532,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     KPW = max(16, triton.next_power_of_2(triton.cdiv(D, KP)))
     VPW = max(16, triton.next_power_of_2(triton.cdiv(D, VP)))
     if block_n is None:
-        # turbo 3-bit planes need the registers (H200: 523 vs 543 µs at 32K); everything else 128
-        block_n = 64 if any(s.method == "turbo" and s.bits == 3 for s in (k_spec, v_spec)) else 128
+        # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
+        # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
+        block_n = 64 if any(s.bits == 3 for s in (k_spec, v_spec)) else 128
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = max(1, min(triton.cdiv(programs_per_sm * sms, B * HKV), triton.cdiv(S, block_n)))
