@@ -205,15 +205,37 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
 
 
 @triton.jit
-def _q_plane(q_row_ptr, row_ok, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
-             BITS: tl.constexpr, TURBO: tl.constexpr):
+def _split_fp16(x):
+    """``x`` (fp32) as fp16 ``hi + lo``: two fp16 MMAs then carry about 21 bits of it."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _q_plane(q_row_ptr, row_ok, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
+             DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
     """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
-    ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0."""
+    ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0.
+
+    Turbo keys: the dims of the rotated query ``q Rᵀ`` (``rot_ptr``: ``R [D, D]`` fp32), computed
+    here (three fp16 MMAs over hi/lo halves, fp32-accurate before the final fp16) instead of by
+    a matmul launch before the kernel."""
     t = tl.arange(0, PW)
     dim = t * P + S
-    SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
-    q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
-    return (q.to(tl.float32) * SCALE).to(tl.float16)
+    if TURBO:
+        d = tl.arange(0, DQ)
+        qf = tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+        # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
+        r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=(d[:, None] < D) & (dim[None, :] < D) & (S < P),
+                    other=0.0)
+        q_hi, q_lo = _split_fp16(qf)
+        r_hi, r_lo = _split_fp16(r)
+        q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
+        return q.to(tl.float16)
+    else:
+        SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
+        q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
+        return (q.to(tl.float32) * SCALE).to(tl.float16)
 
 
 @triton.jit
@@ -232,7 +254,7 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, mask_ptr, ring_pos_ptr,
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, mask_ptr, ring_pos_ptr,
     po_ptr, pm_ptr, pl_ptr,
     S, n_parts, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
@@ -241,7 +263,7 @@ def _decode_split_kernel(
     stride_vcb, stride_vch, stride_vcs,
     stride_vmb, stride_vmh, stride_vms,
     stride_mb, stride_mh, stride_ml, stride_ms,
-    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr, D: tl.constexpr, DQ: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
     K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
@@ -265,14 +287,14 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q0 = _q_plane(q_row, row_ok, 0, KP, KPW, D, K_BITS, K_TURBO)
-    q1 = _q_plane(q_row, row_ok, 1, KP, KPW, D, K_BITS, K_TURBO)
-    q2 = _q_plane(q_row, row_ok, 2, KP, KPW, D, K_BITS, K_TURBO)
-    q3 = _q_plane(q_row, row_ok, 3, KP, KPW, D, K_BITS, K_TURBO)
-    q4 = _q_plane(q_row, row_ok, 4, KP, KPW, D, K_BITS, K_TURBO)
-    q5 = _q_plane(q_row, row_ok, 5, KP, KPW, D, K_BITS, K_TURBO)
-    q6 = _q_plane(q_row, row_ok, 6, KP, KPW, D, K_BITS, K_TURBO)
-    q7 = _q_plane(q_row, row_ok, 7, KP, KPW, D, K_BITS, K_TURBO)
+    q0 = _q_plane(q_row, row_ok, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q1 = _q_plane(q_row, row_ok, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q2 = _q_plane(q_row, row_ok, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q3 = _q_plane(q_row, row_ok, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q4 = _q_plane(q_row, row_ok, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q5 = _q_plane(q_row, row_ok, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q6 = _q_plane(q_row, row_ok, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q7 = _q_plane(q_row, row_ok, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO)
     # Σq (for the key zero points) in plain units, from the fp16 query the dots see
     q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
                    + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
@@ -395,9 +417,13 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
-                         BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
-    """One output row from its splits' (max in log2 units, normaliser, unnormalised output)."""
+def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, rot_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr, ROTATE: tl.constexpr,
+                         ROT_J: tl.constexpr = 32):
+    """One output row from its splits' (max in log2 units, normaliser, unnormalised output).
+
+    ``ROTATE`` (turbo values): the parts are in the rotated domain; the row leaves as
+    ``acc @ R`` (``rot_ptr``: ``R [D, D]`` fp32), in fp32, ``ROT_J`` output dims at a time."""
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
     sp_ok = sp < n_splits
@@ -412,7 +438,13 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, n_splits, D: tl.conste
                 other=0.0)
     acc = tl.sum(w[:, None] * o, axis=0)
     acc = acc / tl.where(den > 0, den, 1.0)  # every key masked: 0, as the oracle
-    tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
+    if ROTATE:
+        for j0 in tl.static_range(0, BLOCK_D, ROT_J):
+            j = j0 + tl.arange(0, ROT_J)
+            r = tl.load(rot_ptr + d[:, None] * D + j[None, :], mask=(d[:, None] < D) & (j[None, :] < D), other=0.0)
+            tl.store(out_ptr + row * D + j, tl.sum(acc[:, None] * r, axis=0).to(out_ptr.dtype.element_ty), mask=j < D)
+    else:
+        tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
@@ -480,6 +512,20 @@ def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
     return codes if spec.bits == 3 else codes.view(torch.int16)
 
 
+_ROTATIONS: dict = {}
+
+
+def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
+    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so), made once per
+    device; a placeholder pointer for affine."""
+    if spec.method != "turbo":
+        return q
+    key = (d, spec.seed, str(q.device))
+    if key not in _ROTATIONS:
+        _ROTATIONS[key] = rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32).contiguous()
+    return _ROTATIONS[key]
+
+
 def _use_asm(q: torch.Tensor) -> bool:
     """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -520,9 +566,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     G = HQ // HKV
     scale = D ** -0.5 if scale is None else scale
     q_dtype = q.dtype
-    if k_spec.method == "turbo":
-        q = q.float() @ rotation_matrix(D, k_spec.seed, device=q.device, dtype=torch.float32).T
-    q = q.contiguous() if q.stride(-1) != 1 else q
+    q = q.contiguous() if q.stride(-1) != 1 else q  # turbo: the kernel rotates q (see _q_plane)
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
     k_words, v_words = _as_words(k_codes, k_spec), _as_words(v_codes, v_spec)
@@ -543,9 +587,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     n_parts = num_splits + (1 if ring_w else 0)
-    final = n_parts == 1
-    out_dtype = torch.float32 if v_spec.method == "turbo" else q_dtype  # turbo still rotates back
-    out = torch.empty(B, HQ, L, D, device=q.device, dtype=out_dtype)
+    v_turbo = v_spec.method == "turbo"
+    final = n_parts == 1 and not v_turbo  # turbo values are rotated back by the merge kernel
+    out = torch.empty(B, HQ, L, D, device=q.device, dtype=q_dtype)
     if final:
         po = out
         pm = pl = out  # unused
@@ -564,7 +608,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     else:
         mask, strides = q, (0, 0, 0, 0)
     _decode_split_kernel[(B * HKV, num_splits, triton.cdiv(G * L, M))](
-        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device), mask,
+        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device),
+        _rotation(k_spec, D, q), mask,
         ring_pos if ring_w else q, po, pm, pl,
         S, n_parts, float(scale), float(softcap or 0.0),
         q.stride(0), q.stride(1), q.stride(2),
@@ -573,7 +618,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         v_words.stride(0), v_words.stride(1), v_words.stride(2),
         v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
         *strides,
-        HKV=HKV, G=G, L=L, M=M, D=D, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_spec.method == "turbo", V_TURBO=v_spec.method == "turbo",
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
@@ -582,9 +627,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         num_stages=num_stages,
     )
     if not final:
-        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, out, n_parts, D=D, PO_W=VP * VPW,
+        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, _rotation(v_spec, D, q), out, n_parts, D=D, PO_W=VP * VPW,
                                             BLOCK_D=max(16, triton.next_power_of_2(D)),
-                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(n_parts)))
-    if v_spec.method == "turbo":
-        out = (out @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32)).to(q_dtype)
+                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(n_parts)), ROTATE=v_turbo)
     return out
