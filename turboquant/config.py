@@ -105,7 +105,8 @@ class KVQuantConfig:
             shrinks it by about ``√(1 − D)``, which flattens every softmax over quantized keys.
             ``False`` stores ``‖x‖`` as the paper does. On the reference model (one forward,
             8 windows) it takes 4-bit turbo from +3.37% to +2.85% perplexity, 3-bit from
-            +17.5% to +12.6%; the mean squared error grows by about ``D/4`` relative.
+            +17.5% to +12.6%. Mean squared error of unit vectors (``tq distortion``): 2-bit
+            0.116 → 0.119, 3-bit 0.0340 → 0.0338, 4-bit 0.00931 → 0.00917.
         protected_layers: layer indices whose cache keeps more precision (negative indices
             count from the last layer): ``(0, 1, -2, -1)`` protects the first and last two.
             Low-bit caches degrade most in the boundary layers.
