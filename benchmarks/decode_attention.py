@@ -105,33 +105,30 @@ def sweep(S=32768, B=8, HQ=32, HKV=8, D=128):
 
     q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16)
-    rows = []
+    rows_out = []
     import triton.testing as tt
 
-    for method, b in (("affine", 8), ("affine", 4), ("turbo", 4)):
+    for method, b in (("affine", 8), ("affine", 4), ("affine", 2), ("turbo", 4)):
         cfg = KVQuantConfig(method=method, bits=b)
         kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(k, cfg.spec("v"))
         nbytes = kc.quantized_nbytes + vc.quantized_nbytes
-        for block_n in (32, 64, 128):
+        for block_n in (64, 128):
             for warps in (4, 8):
-                for stages in (2, 3):
-                    for pps in (4, 8):
-                        fn = lambda: decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D,  # noqa: E731
-                                                      block_n=block_n, num_warps=warps, num_stages=stages,
-                                                      programs_per_sm=pps)
-                        try:
-                            usg = tt.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
-                        except Exception as e:  # out of resources for this tile
-                            print(f"{method} {b} {block_n} {warps} {stages}: {type(e).__name__}", file=sys.stderr)
-                            continue
-                        rows.append({"setting": f"{method} {b}-bit", "block_n": block_n, "warps": warps,
-                                     "stages": stages, "programs_per_sm": pps, "us_graph": usg,
-                                     "GBps_graph": nbytes / usg / 1e3})
+                for rows in (4, 16):
+                    fn = lambda: decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D,  # noqa: E731
+                                                  block_n=block_n, num_warps=warps, min_tile_rows=rows)
+                    try:
+                        usg = tt.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+                    except Exception as e:  # out of resources for this tile
+                        print(f"{method} {b} {block_n} {warps} {rows}: {type(e).__name__}", file=sys.stderr)
+                        continue
+                    rows_out.append({"setting": f"{method} {b}-bit", "block_n": block_n, "warps": warps,
+                                     "min_tile_rows": rows, "us_graph": usg, "GBps_graph": nbytes / usg / 1e3})
     best = {}
-    for r in rows:
+    for r in rows_out:
         if r["setting"] not in best or r["us_graph"] < best[r["setting"]]["us_graph"]:
             best[r["setting"]] = r
-    return rows, list(best.values())
+    return rows_out, list(best.values())
 
 
 def main(argv=None):
@@ -147,7 +144,7 @@ def main(argv=None):
         return 2
     if args.sweep:
         rows, best = sweep()
-        cols = ["setting", "block_n", "warps", "stages", "programs_per_sm", "us_graph", "GBps_graph"]
+        cols = ["setting", "block_n", "warps", "min_tile_rows", "us_graph", "GBps_graph"]
         write_csv(rows, os.path.join(args.out, "decode_sweep.csv"), cols)
         print(format_table(best, cols))
         return 0
