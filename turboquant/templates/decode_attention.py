@@ -12,9 +12,11 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   value folded into the query planes;
 * affine values: the V scale is folded into the probabilities, ``acc += (p·s) @ c`` and the
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
-* 3-bit affine and turbo: codes index a table (0..7, or the 2^b centroids) in registers; turbo
-  ``q`` arrives rotated and the output leaves rotated (the caller rotates once per query /
-  output row), norms scale the scores and the probabilities.
+* 3-bit affine: fields inside one byte masked in place likewise; the two that straddle bytes
+  are assembled first;
+* turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated inside the
+  kernel and the merge kernel rotates the output back, norms scale the scores and the
+  probabilities.
 
 Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
 merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
@@ -535,13 +537,14 @@ _LUTS: dict = {}
 
 
 def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
-    """The table a code indexes (turbo centroids; 0..2^b−1 for affine), made once per device."""
+    """The centroids turbo codes index, made once per device; affine reads no table (its codes
+    are their own values), so it gets a one-element placeholder."""
     key = (spec.method, spec.bits, d, str(device))
     if key not in _LUTS:
         if spec.method == "turbo":
             _LUTS[key] = turbo_centroids(d, spec.bits, device=device, dtype=torch.float32)
-        else:  # affine codes are their own values; only the 3-bit path reads this table
-            _LUTS[key] = torch.arange(1 << spec.bits, device=device, dtype=torch.float32)
+        else:
+            _LUTS[key] = torch.zeros(1, device=device, dtype=torch.float32)
     return _LUTS[key]
 
 
