@@ -5,7 +5,7 @@
 
 Attention is unchanged when every key of a head moves by the same vector: ``q·(k − μ)`` differs
 from ``q·k`` by ``q·μ``, the same for every key, and softmax ignores it. What is quantized then
-is ``k − μ``, which in this model holds 45–80% of the keys' energy. This probe measures the
+is ``k − μ``, which in this model holds 45–83% of the keys' energy. This probe measures the
 fidelity that would buy, before any of it is built into the cache: it wraps transformers'
 ``DynamicLayer.update`` so that each write's keys lose their mean over the written positions
 (exact for the one-forward protocol, where a window is one write), and runs ``tq eval`` with
