@@ -108,6 +108,10 @@ def test_supports_names_what_it_leaves_to_the_fallback():
     assert "prefill" in supports(q, spec, spec, 64, 64, 2)
     assert "group_size" in supports(q[:, :, :1], KVQuantConfig(group_size=32).spec("k"), spec, 64, 64, 2)
     assert supports(q[:, :, :1], spec, spec, 64, 64, 2) is None
+    # 8-bit rows of 36 bytes are read as int16 words; 9 bytes are not
+    eight = KVQuantConfig(bits=8).spec("k")
+    assert supports(torch.zeros(1, 4, 1, 9), eight, eight, 9, 9, 2) == "8-bit rows of head_dim 9 are not whole 16-bit words"
+    assert supports(torch.zeros(1, 4, 1, 36), eight, eight, 36, 36, 2) is None
 
 
 @pytest.mark.gpu
