@@ -130,7 +130,7 @@ class GptFast(nn.Module):
         self.layers = nn.ModuleList([GptFastAttention(), GptFastAttention()])
 
     def forward(self, x, input_pos):
-        mask = (torch.arange(40)[None, :] <= input_pos[:, None])[None, None]
+        mask = (torch.arange(40, device=input_pos.device)[None, :] <= input_pos[:, None])[None, None]
         for layer in self.layers:
             x = x + layer(x, input_pos, mask)
         return x
@@ -496,24 +496,26 @@ def test_turbo_static_cache_compiles_with_cold_tables():
     assert not any(isinstance(t, torch._subclasses.FakeTensor) for t in (rotation._rotation_cpu(32, 0),))
 
 
-def _decode_step_kernels(model) -> list:
+def _decode_step_kernels(model, device) -> list:
     with torch.no_grad():
-        model(torch.randn(1, 6, 64), torch.arange(6))  # prefill: the decode step below is a graph of its own
-        _, code = run_and_get_code(model, torch.randn(1, 1, 64), torch.tensor([6]))
+        # prefill first: the decode step below is a graph of its own
+        model(torch.randn(1, 6, 64, device=device), torch.arange(6, device=device))
+        _, code = run_and_get_code(model, torch.randn(1, 1, 64, device=device), torch.tensor([6], device=device))
     return re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", "\n".join(code))
 
 
-def test_quantize_on_write_launches_no_kernel_of_its_own():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_quantize_on_write_launches_no_kernel_of_its_own(device):
     """The compiled decode step of a gpt-fast-style model launches as many kernels quantized as
     dense: quantizing K/V (per-token min/max, rounding, packing) fuses into the kernel that
     writes the cache, next to the projection's epilogue."""
     torch.manual_seed(0)
-    base = GptFast().eval()
+    base = GptFast().eval().to(device)
     dense = copy.deepcopy(base)
     dense.forward = torch.compile(dense.forward)
-    dense_kernels = _decode_step_kernels(dense)
+    dense_kernels = _decode_step_kernels(dense, device)
     torch._dynamo.reset()
-    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4))
+    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4), device)
     assert len(quantized_kernels) == len(dense_kernels), (quantized_kernels, dense_kernels)
     writes = [k for k in quantized_kernels if "index_put" in k]
     assert writes and all("amax" in k and "round" in k for k in writes), quantized_kernels
