@@ -180,16 +180,18 @@ def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
     return p
 
 
+def _shape(text: str) -> tuple:
+    """``"8x32768"`` → ``(8, 32768)`` (batch, context)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise SystemExit(f"--shapes takes BATCHxCONTEXT pairs such as 8x32768, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def run_from_args(args) -> int:
     from ..reporting import environment, format_table, write_csv
 
-    shapes = None
-    if args.shapes:
-        try:
-            shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
-            assert all(len(s) == 2 for s in shapes)
-        except (ValueError, AssertionError):
-            raise SystemExit(f"--shapes takes BATCHxCONTEXT pairs such as 8x32768, got {args.shapes}")
+    shapes = [_shape(s) for s in args.shapes] if args.shapes else None
     rows = run_bench(args.contexts, args.batches, args.settings, args.new_tokens, args.budget_gib, args.device,
                      args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress,
                      shapes=shapes)

@@ -130,10 +130,9 @@ def _field_mask(bits, s):
 
 
 @triton.constexpr_function
-def _field_asm(bits, s):
-    """``and`` with :func:`_field_mask` in both words of a register."""
-    bits, s = int(bits), int(s)
-    return f"and.b32 $0, $1, {(((1 << bits) - 1) << (bits * (s % (8 // bits)))) * 0x00010001:#010x};"
+def _field_asm(mask):
+    """``and`` with a :func:`_field_mask` in both words of a register."""
+    return f"and.b32 $0, $1, {int(mask) * 0x00010001:#010x};"
 
 
 @triton.jit
@@ -153,7 +152,7 @@ def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr)
         if BITS == 8 and HIGH:
             vals = src.to(tl.float16, bitcast=True)
         else:
-            ASM: tl.constexpr = _field_asm(BITS, S)
+            ASM: tl.constexpr = _field_asm(MASK)
             vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
     else:
         word = w.to(tl.int32) & 0xFFFF
@@ -214,23 +213,29 @@ def _split_fp16(x):
 
 
 @triton.jit
-def _q_plane(q_row_ptr, row_ok, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
-             DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
+def _q_halves(q_row_ptr, row_ok, D: tl.constexpr, DQ: tl.constexpr):
+    """The whole query row ``[M, DQ]`` as fp16 hi/lo halves, which turbo's rotation reads."""
+    d = tl.arange(0, DQ)
+    return _split_fp16(tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0
+                               ).to(tl.float32))
+
+
+@triton.jit
+def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
+             D: tl.constexpr, DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
     """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
     ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0.
 
     Turbo keys: the dims of the rotated query ``q Rᵀ`` (``rot_ptr``: ``R [D, D]`` fp32), computed
-    here (three fp16 MMAs over hi/lo halves, fp32-accurate before the final fp16) instead of by
-    a matmul launch before the kernel."""
+    here from the halves of :func:`_q_halves` (three fp16 MMAs, fp32-accurate before the final
+    fp16) instead of by a matmul launch before the kernel."""
     t = tl.arange(0, PW)
     dim = t * P + S
     if TURBO:
         d = tl.arange(0, DQ)
-        qf = tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
         # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
         r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=(d[:, None] < D) & (dim[None, :] < D) & (S < P),
                     other=0.0)
-        q_hi, q_lo = _split_fp16(qf)
         r_hi, r_lo = _split_fp16(r)
         q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
         return q.to(tl.float16)
@@ -289,14 +294,15 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q0 = _q_plane(q_row, row_ok, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q1 = _q_plane(q_row, row_ok, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q2 = _q_plane(q_row, row_ok, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q3 = _q_plane(q_row, row_ok, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q4 = _q_plane(q_row, row_ok, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q5 = _q_plane(q_row, row_ok, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q6 = _q_plane(q_row, row_ok, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q7 = _q_plane(q_row, row_ok, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
+    q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO)
     # Σq (for the key zero points) in plain units, from the fp16 query the dots see
     q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
                    + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
@@ -475,7 +481,7 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     kr = k_ring.float().repeat_interleave(g, 1)
     vr = v_ring.float().repeat_interleave(g, 1)
     if v_spec.method == "turbo":
-        vr = vr @ rotation_matrix(D, v_spec.seed, device=q.device, dtype=torch.float32).T
+        vr = vr @ _rotation(v_spec, D, q).T
     s = (q.float() @ kr.transpose(-1, -2)) * scale                     # [B, Hq, L, W]
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -504,7 +510,7 @@ def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
     the broadcast query fragments before every MMA, more rows cost softmax work on padding; from
     sm_90 SASS of the loop (warp instructions per key, B=8 Hq=32 Hkv=8 D=128): affine 4-bit 24.1
     at 16 rows vs 25.4 at 4 (128 registers both); affine 8-bit 24.2 vs 25.4 but 144 registers
-    against 128 (H200: 196 vs 177 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
+    against 128 (H200: 197 vs 171 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
     3-bit 74 vs 102."""
     return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
@@ -514,18 +520,24 @@ def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
     return codes if spec.bits == 3 else codes.view(torch.int16)
 
 
-_ROTATIONS: dict = {}
+_TABLES: dict = {}
+
+
+def _table(key: tuple, device, make) -> torch.Tensor:
+    """A constant table the kernels read, made by ``make(device)`` once per key and device."""
+    key = (*key, str(device))
+    if key not in _TABLES:
+        _TABLES[key] = make(device)
+    return _TABLES[key]
 
 
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
-    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so), made once per
-    device; a placeholder pointer for affine."""
+    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so); a placeholder
+    pointer for affine."""
     if spec.method != "turbo":
         return q
-    key = (d, spec.seed, str(q.device))
-    if key not in _ROTATIONS:
-        _ROTATIONS[key] = rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32).contiguous()
-    return _ROTATIONS[key]
+    return _table(("rotation", d, spec.seed), q.device,
+                  lambda dev: rotation_matrix(d, spec.seed, device=dev, dtype=torch.float32).contiguous())
 
 
 def _use_asm(q: torch.Tensor) -> bool:
@@ -533,19 +545,13 @@ def _use_asm(q: torch.Tensor) -> bool:
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-_LUTS: dict = {}
-
-
 def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
-    """The centroids turbo codes index, made once per device; affine reads no table (its codes
-    are their own values), so it gets a one-element placeholder."""
-    key = (spec.method, spec.bits, d, str(device))
-    if key not in _LUTS:
-        if spec.method == "turbo":
-            _LUTS[key] = turbo_centroids(d, spec.bits, device=device, dtype=torch.float32)
-        else:
-            _LUTS[key] = torch.zeros(1, device=device, dtype=torch.float32)
-    return _LUTS[key]
+    """The centroids turbo codes index; affine reads no table (its codes are their own values),
+    so it gets a one-element placeholder."""
+    if spec.method == "turbo":
+        return _table(("centroids", d, spec.bits), device,
+                      lambda dev: turbo_centroids(d, spec.bits, device=dev, dtype=torch.float32))
+    return _table(("placeholder",), device, lambda dev: torch.zeros(1, device=dev, dtype=torch.float32))
 
 
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
@@ -590,7 +596,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     n_parts = num_splits + (1 if ring_w else 0)
-    v_turbo = v_spec.method == "turbo"
+    k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
+    d_pow2 = max(16, triton.next_power_of_2(D))
     final = n_parts == 1 and not v_turbo  # turbo values are rotated back by the merge kernel
     out = torch.empty(B, HQ, L, D, device=q.device, dtype=q_dtype)
     if final:
@@ -621,8 +628,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         v_words.stride(0), v_words.stride(1), v_words.stride(2),
         v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
         *strides,
-        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
-        K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_spec.method == "turbo", V_TURBO=v_spec.method == "turbo",
+        HKV=HKV, G=G, L=L, M=M, D=D, DQ=d_pow2, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+        K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
@@ -631,6 +638,6 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     )
     if not final:
         _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, _rotation(v_spec, D, q), out, n_parts, D=D, PO_W=VP * VPW,
-                                            BLOCK_D=max(16, triton.next_power_of_2(D)),
+                                            BLOCK_D=d_pow2,
                                             BLOCK_SPLITS=max(2, triton.next_power_of_2(n_parts)), ROTATE=v_turbo)
     return out
