@@ -15,6 +15,10 @@
   ``torch.ops.turboquant.attention`` call on the raw buffers;
 * **other reads** decode to a dense tensor (correct, not fast; the compiler pass rewrites
   the attention patterns it knows so this does not happen on the hot path);
+* a GQA expansion (``repeat_kv``: ``x[:, :, None].expand(...).reshape(B, H·g, S, D)``, or
+  ``repeat_interleave(g, 1)``) stays lazy: the result reads the cache's own buffers with
+  ``head_repeat = g``, so attention over it reads each KV byte once (no expanded copy of the
+  cache per step); any other op on it works on an expanded copy;
 * a transpose across head_dim (eager attention's ``key.transpose(2, 3)``) is a decoded,
   read-only copy;
 * anything else that would lose a write — an in-place op it does not know, a view that slices
@@ -86,11 +90,15 @@ class QuantizedCacheTensor(torch.Tensor):
     head_dim: int
     ring: Optional[torch.Tensor]
     ring_pos: Optional[torch.Tensor]
+    head_repeat: int
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
-                dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None):
-        if outer_size is None:
+                dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None, head_repeat=1):
+        if outer_size is None and head_repeat > 1:  # [..., H·g, S, D], as the copy repeat_kv would make
+            outer_size = (*codes.shape[:-3], codes.shape[-3] * head_repeat, codes.shape[-2], head_dim)
+            outer_stride = _contiguous_strides(outer_size)
+        elif outer_size is None:
             outer_size = (*codes.shape[:-1], head_dim)
             # mirror the codes' layout (expanded, transposed, sliced leading dims) so that model
             # code's reshape/contiguous decisions on the cache match what the buffers can do
@@ -100,13 +108,14 @@ class QuantizedCacheTensor(torch.Tensor):
                                                    device=codes.device, requires_grad=False)
 
     def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None, ring=None,
-                 ring_pos=None):
+                 ring_pos=None, head_repeat=1):
         self.codes = codes
         self.meta = meta
         self.spec = spec
         self.head_dim = head_dim
         self.ring = ring
         self.ring_pos = ring_pos
+        self.head_repeat = head_repeat
 
     @property
     def window(self) -> int:
@@ -137,15 +146,15 @@ class QuantizedCacheTensor(torch.Tensor):
     # -- tracing support ---------------------------------------------------------------
     def __tensor_flatten__(self):
         names = ["codes", "meta"] + (["ring", "ring_pos"] if self.ring is not None else [])
-        return names, (self.spec, self.head_dim, self.dtype)
+        return names, (self.spec, self.head_dim, self.dtype, self.head_repeat)
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        spec, head_dim, dtype = ctx
+        spec, head_dim, dtype, head_repeat = ctx
         # the outer size/stride Dynamo traced with (symbols with sources), not ones re-derived
         # from the inner tensors: derived expressions carry symbols no guard can name
         return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype, outer_size, outer_stride,
-                                    ring=inner.get("ring"), ring_pos=inner.get("ring_pos"))
+                                    ring=inner.get("ring"), ring_pos=inner.get("ring_pos"), head_repeat=head_repeat)
 
     def _stable_hash_for_caching(self) -> str:
         # the AOT/FX graph caches key subclass inputs by this string alone: it must pin the inner
@@ -153,6 +162,7 @@ class QuantizedCacheTensor(torch.Tensor):
         # ...and the numerics' source: the graphs trace our dispatch code, which the cache
         # key does not otherwise see (seen: a changed 3-bit layout served from a stale cache)
         return (f"turboquant.QuantizedCacheTensor:{_numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
+                f"{self.head_repeat}:"
                 f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}:"
                 f"{None if self.ring is None else (tuple(self.ring.shape), self.ring.stride())}")
 
@@ -168,7 +178,8 @@ class QuantizedCacheTensor(torch.Tensor):
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         dense = decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype or self.dtype)
-        return dense if self.ring is None else overlay_ring(dense, self.ring, self.ring_pos)
+        dense = dense if self.ring is None else overlay_ring(dense, self.ring, self.ring_pos)
+        return dense if self.head_repeat == 1 else dense.repeat_interleave(self.head_repeat, dim=-3)
 
     # -- dispatch ------------------------------------------------------------------------
     @classmethod
@@ -182,6 +193,7 @@ class QuantizedCacheTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        args, kwargs = tree_map(_expand_heads, (args, kwargs))  # only attention reads a GQA expansion lazily
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(func, *args, **kwargs)
@@ -198,6 +210,14 @@ class QuantizedCacheTensor(torch.Tensor):
                 "exclude=...) or report the model")
         # a read: decode the caches and run it dense
         return func(*tree_map(_dense, args), **tree_map(_dense, kwargs))
+
+
+def _contiguous_strides(size) -> tuple:
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step = step * n
+    return tuple(reversed(strides))
 
 
 def _meta_width(spec: TensorQuantSpec, d: int) -> int:
@@ -251,6 +271,33 @@ def _dense(x):
     return x.dequantize() if isinstance(x, QuantizedCacheTensor) else x
 
 
+def _expand_heads(x):
+    """A lazy GQA expansion as the expanded copy it stands for (other tensors unchanged)."""
+    if not isinstance(x, QuantizedCacheTensor) or x.head_repeat == 1:
+        return x
+    g = x.head_repeat
+    ring = None if x.ring is None else x.ring.repeat_interleave(g, dim=-3)
+    return QuantizedCacheTensor(x.codes.repeat_interleave(g, dim=-3), x.meta.repeat_interleave(g, dim=-3), x.spec,
+                                x.head_dim, x.dtype, ring=ring, ring_pos=x.ring_pos)
+
+
+def _heads_repeated(t, size):
+    """``t`` reshaped to ``size`` as a lazy GQA expansion, or None if this is not one: ``t`` is
+    ``[..., H, g, S, D]`` expanded along g (stride 0) and ``size`` merges H and g."""
+    if t.dim() < 4 or t.codes.stride(-3) != 0 or t.meta.stride(-3) != 0 or t.shape[-3] == 1:
+        return None
+    if t.ring is not None and t.ring.stride(-3) != 0:
+        return None
+    if len(size) != t.dim() - 1 or -1 in size[:-2]:
+        return None
+    want = [*t.shape[:-4], t.shape[-4] * t.shape[-3], t.shape[-2], t.head_dim]
+    if list(size[:-2]) != want[:-2] or size[-2] not in (-1, want[-2]) or size[-1] not in (-1, want[-1]):
+        return None
+    ring = None if t.ring is None else t.ring.select(-3, 0)
+    return QuantizedCacheTensor(t.codes.select(-3, 0), t.meta.select(-3, 0), t.spec, t.head_dim, t.dtype,
+                                ring=ring, ring_pos=t.ring_pos, head_repeat=t.shape[-3])
+
+
 def _like(t: QuantizedCacheTensor, codes, meta, ring=None, ring_pos=None) -> QuantizedCacheTensor:
     if ring is None:
         ring, ring_pos = t.ring, t.ring_pos
@@ -292,6 +339,12 @@ def _size_view(func, t, size, *rest, **kw):
     size = list(size)
     if size and size[-1] not in (-1, t.head_dim):
         raise UnsupportedCacheOperation(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
+    if func is not aten.expand.default:
+        repeated = _heads_repeated(t, size)
+        if repeated is not None:
+            return repeated
+        if _expanded(t):  # a clone kept lazy (_clone) that this view cannot keep lazy: copy now
+            t = _same_view(t, lambda x: x.contiguous())
     ring = None
     if t.ring is not None:
         if len(size) < 2 or t.dim() < 2 or not (size[-2] == -1 or size[-2] == t.shape[-2]):
@@ -394,7 +447,15 @@ def _cat(func, tensors, dim=0):
     return _like(first, torch.cat([c for c, _ in parts], dim), torch.cat([m for _, m in parts], dim), ring, ring_pos)
 
 
+def _expanded(t) -> bool:
+    return any(st == 0 and n > 1 for st, n in zip(t.codes.stride(), t.codes.shape))
+
+
 def _clone(func, t, memory_format=None, **kw):
+    if _expanded(t):
+        # the copy a GQA expansion (repeat_kv) makes before merging heads: kept a view, so that
+        # the merge becomes a lazy head_repeat instead of a copy of the whole cache per step
+        return _same_view(t, lambda x: x)
     out = _same_view(t, lambda x: x.clone(memory_format=torch.contiguous_format))
     if t.ring_pos is not None:
         out.ring_pos = t.ring_pos.clone()
@@ -449,6 +510,8 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
     """
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     if isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor):
+        if key.head_repeat != value.head_repeat:  # the op's GQA needs K and V with the same heads
+            key, value = _expand_heads(key), _expand_heads(value)
         return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
                                               is_causal, scale, spec_args(key.spec), spec_args(value.spec),
                                               key.head_dim, value.head_dim, float(softcap or 0.0),
