@@ -30,8 +30,8 @@ from turboquant.integrations.transformers import quantize_cache
 from turboquant.reporting import format_table, write_csv
 from turboquant.testing import FAMILIES, left_padded_batch, tiny_hf_model
 
-COLUMNS = ["family", "cache", "attn", "batch", "pass", "status", "same_tokens", "same_seqs", "logits_rel_err_8bit",
-           "differs_2bit", "bytes_ratio_8", "bytes_ratio_4", "bytes_ratio_3", "error"]
+COLUMNS = ["family", "cache", "attn", "batch", "pass", "status", "same_tokens", "same_seqs", "parting_margin",
+           "logits_rel_err_8bit", "differs_2bit", "bytes_ratio_8", "bytes_ratio_4", "bytes_ratio_3", "error"]
 
 
 def _generate(model, ids, mask, cache, n):
@@ -93,6 +93,9 @@ def _prompts(batch, fitted):
     return ids, mask
 
 
+NEAR_TIE = 0.05  # logits: a greedy token may flip where the reference's top-2 are this close
+
+
 def run_case(family, cache, attn, batch, n, init_std=0.1, fit_steps=0):
     base = _model(family, attn, init_std, fit_steps)
     ids, mask = _prompts(batch, fit_steps > 0)
@@ -104,6 +107,15 @@ def run_case(family, cache, attn, batch, n, init_std=0.1, fit_steps=0):
     agree = (tokens == ref_tokens).all(0).cumprod(0).bool()  # steps before the first divergence
     row["same_tokens"] = bool(torch.equal(tokens, ref_tokens))
     row["same_seqs"] = f"{int((tokens == ref_tokens).all(1).sum())}/{batch}"
+    # where a row parts from the reference: the reference's top-2 logit margin there (a near-tie
+    # flips under any perturbation, an Inductor rounding included)
+    margins = []
+    for r in range(batch):
+        diff = (tokens[r] != ref_tokens[r]).nonzero()
+        if len(diff):
+            top2 = ref_logits[r, int(diff[0])].topk(2).values
+            margins.append(float(top2[0] - top2[1]))
+    row["parting_margin"] = max(margins) if margins else ""
     k = int(agree.sum()) or 1
     row["logits_rel_err_8bit"] = float((logits[:, :k] - ref_logits[:, :k]).norm() / ref_logits[:, :k].norm())
     statuses = sorted({r.status for r in turboquant.report(model)})
@@ -115,8 +127,8 @@ def run_case(family, cache, attn, batch, n, init_std=0.1, fit_steps=0):
         row["differs_2bit"] = float((logits2 - ref_logits[:, :4]).norm() / ref_logits[:, :4].norm()) > 1e-3
     for bits in (8, 4, 3):
         row[f"bytes_ratio_{bits}"] = _bytes_ratio(base, ids, mask, cache, bits)
-    row["pass"] = bool(row["same_tokens"] and row["logits_rel_err_8bit"] < 1e-2 and row["status"] == "quantized"
-                       and row.get("differs_2bit", True))
+    row["pass"] = bool((row["same_tokens"] or row["parting_margin"] < NEAR_TIE) and row["logits_rel_err_8bit"] < 1e-2
+                       and row["status"] == "quantized" and row.get("differs_2bit", True))
     return row
 
 

@@ -95,6 +95,39 @@ def test_sdpa_over_the_cache_is_the_oracle(cfg, gqa):
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5  # float32 arithmetic vs float64 oracle
 
 
+def _repeat_kv(x, g):  # transformers' repeat_kv
+    B, H, S, D = x.shape
+    return x[:, :, None, :, :].expand(B, H, g, S, D).reshape(B, H * g, S, D)
+
+
+@pytest.mark.parametrize("expand", [_repeat_kv, lambda x, g: x.repeat_interleave(g, 1)], ids=["repeat_kv", "interleave"])
+def test_gqa_expansion_reads_the_cache_without_copying_it(expand):
+    """repeat_kv before SDPA would copy the whole cache, g times over, at every decode step; the
+    expansion stays a view of the cache's own buffers and attention reads each KV byte once."""
+    cfg = KVQuantConfig(bits=4, residual_window=2)
+    B, Hkv, g, S, D = 2, 2, 4, 11, 32
+    kc = QuantizedCacheTensor.from_dense(torch.randn(B, Hkv, S, D), cfg.spec("k"), window=2)
+    vc = QuantizedCacheTensor.from_dense(torch.randn(B, Hkv, S, D), cfg.spec("v"), window=2)
+    kr = expand(kc, g)
+    assert kr.shape == (B, Hkv * g, S, D) and kr.head_repeat == g
+    assert kr.codes.data_ptr() == kc.codes.data_ptr() and kr.ring.data_ptr() == kc.ring.data_ptr()
+    # any other use sees the expanded tensor it stands for
+    assert torch.equal(kr.dequantize(), kc.dequantize().repeat_interleave(g, 1))
+    assert torch.equal(kr[:, 3:5, 2:7] * 1, kc.dequantize().repeat_interleave(g, 1)[:, 3:5, 2:7])
+
+    q = torch.randn(B, Hkv * g, 1, D)
+    f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, expand(k, g), expand(v, g)), fullgraph=True)
+    out, code = run_and_get_code(f, q, kc, vc)
+    src = "\n".join(code)
+    # the op takes the compiled function's inputs (the cache buffers) and nothing copies them first
+    args = re.search(r"torch\.ops\.turboquant\.attention\.default\(([^)]*)\)", src).group(1).split(", ")
+    buffers = args[1:5] + args[-4:]  # codes, meta and rings of K and V
+    assert all(re.fullmatch(r"arg\d+_1", a) for a in buffers), args
+    assert "cpp_fused" not in src, src
+    ref = F.scaled_dot_product_attention(q, kc.dequantize(), vc.dequantize(), enable_gqa=True)
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
 def test_unsupported_uses_raise_instead_of_losing_writes():
     cache = _empty(KVQuantConfig(bits=4), (1, 2, 8, 64))
     with pytest.raises(UnsupportedCacheOperation, match="head_dim"):
@@ -127,3 +160,19 @@ def test_compiled_decode_step_writes_only_the_new_token():
     got = unpack_codes(cache.codes[:, :, 7:8], 4, 64).int()
     want = unpack_codes(codes, 4, 64).int()
     assert int((got - want).abs().max()) <= 1 and float((got != want).float().mean()) < 0.02
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bits, dtype):
+    """What a compiled graph writes into the cache is what eager writes: codes and metadata equal.
+    (Seen before the fix: Inductor took fp16 nextafter in float32, so compiled scales came out one
+    fp16 step low for half the tokens and compiled generation parted from eager.)"""
+    from turboquant.cache import _encode_rows
+
+    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    spec = KVQuantConfig(bits=bits).spec("k")
+    want = _encode_rows(x, spec)
+    with exact_casts():
+        got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

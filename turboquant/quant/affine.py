@@ -36,9 +36,15 @@ def to_metadata(x: torch.Tensor, dtype: torch.dtype, *, round_up: bool = False) 
     info = torch.finfo(dtype)
     y = x.clamp(max=info.max).to(dtype)
     if round_up and x.dtype != dtype:
-        up = torch.nextafter(y, torch.full((), float("inf"), dtype=dtype, device=y.device))
+        # the next value up as the bit pattern plus one (y >= 0), not torch.nextafter: Inductor
+        # computes a half-precision nextafter in float32, where the step is lost in the cast back
+        # (compiled scales came out one fp16 step low for half the tokens)
+        up = (y.view(_BITS[dtype]) + 1).view(dtype)
         y = torch.where((y.to(x.dtype) < x) & (y < info.max), up, y)
     return y
+
+
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
 
 
 def _percentile(a: torch.Tensor, p: float) -> torch.Tensor:
