@@ -60,23 +60,31 @@ def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor
 
 def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
                        v_head_dim, softcap, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
-    """Decode the caches and attend in float32 (CPU, and what the CUDA kernel does not cover)."""
-    k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, torch.float32)
-    v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, torch.float32)
+    """Decode the caches and attend: in float32 on the CPU; in q's dtype on a GPU, where this serves
+    prefill and the shapes the decode kernel does not cover."""
+    half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    work = q.dtype if half else torch.float32
+    k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, work)
+    v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, work)
     if k_ring is not None:
         k = overlay_ring(k, k_ring, k_ring_pos)
     if v_ring is not None:
         v = overlay_ring(v, v_ring, v_ring_pos)
-    mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.float()
-    qf = q.float()
+    mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.to(work)
+    qw = q.to(work)
+    g = q.shape[1] // k.shape[1]
     if softcap > 0:
-        g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-        p = masked_softmax(qf @ k.transpose(-1, -2) * scale, mask, is_causal, softcap)
-        out = p @ v
+        out = masked_softmax(qw @ k.transpose(-1, -2) * scale, mask, is_causal, softcap) @ v
+    elif q.is_cuda and g > 1 and mask is not None:
+        # enable_gqa with a mask has only SDPA's math backend on CUDA, which builds the
+        # [B, Hq, L, S] scores (1 TiB for a batch-8 32K prefill); expanded K/V take the
+        # memory-efficient kernel
+        out = F.scaled_dot_product_attention(qw, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask,
+                                             is_causal=is_causal, scale=scale)
     else:
-        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                             enable_gqa=q.shape[1] != k.shape[1])
+        out = F.scaled_dot_product_attention(qw, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=g > 1)
     return out.to(q.dtype).contiguous()
 
 
