@@ -60,3 +60,10 @@ def real_tensor_mode():
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+def mark_static_address(t: torch.Tensor) -> None:
+    """Tell Dynamo (and CUDA graph trees) that ``t`` keeps its address across calls, as
+    transformers does for a static cache's tensors: a graph that writes it in place is then
+    recorded instead of skipped."""
+    torch._dynamo.mark_static_address(t)

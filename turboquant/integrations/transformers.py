@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from ..cache import QuantizedCacheTensor
+from ..compat import mark_static_address
 from ..config import KVQuantConfig
 
 __all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache"]
@@ -58,7 +59,13 @@ def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) ->
         shape = (*like.shape[:-2], 0, like.shape[-1])
         return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device, window=window)
     if not bool(x.any()):  # preallocated zeros: never quantize them, just allocate codes
-        return QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window)
+        q = QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window)
+        # written in place at fixed addresses, like the dense tensors transformers marks: without
+        # this, CUDA graph trees skip every graph that writes the cache (mutated inputs)
+        for t in (q, q.codes, q.meta, q.ring, q.ring_pos):
+            if t is not None:
+                mark_static_address(t)
+        return q
     return QuantizedCacheTensor.from_dense(x, spec, window=window)
 
 
