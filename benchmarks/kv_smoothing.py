@@ -1,46 +1,89 @@
-"""Would subtracting each head's key mean before quantizing help? (a probe, CPU)
+"""Would quantizing K and V minus their per-head means help? (a probe, CPU)
 
-    python benchmarks/key_smoothing.py                  # turbo-4 turbo-3 affine-4, 8 windows
-    python benchmarks/key_smoothing.py --configs affine-3 --max-windows 16
+    python benchmarks/kv_smoothing.py                                    # turbo-4 turbo-3 affine-4, 32 windows
+    python benchmarks/kv_smoothing.py --configs affine-3 --max-windows 8
 
-Attention is unchanged when every key of a head moves by the same vector: ``q·(k − μ)`` differs
-from ``q·k`` by ``q·μ``, the same for every key, and softmax ignores it. What is quantized then
-is ``k − μ``, which in this model holds 45–83% of the keys' energy. This probe measures the
-fidelity that would buy, before any of it is built into the cache: it wraps transformers'
-``DynamicLayer.update`` so that each write's keys lose their mean over the written positions
-(exact for the one-forward protocol, where a window is one write), and runs ``tq eval`` with
-and without it. The unquantized row must not move (it checks the invariance).
+Attention does not change when every key of a head moves by the same vector μ_k: ``q·(k − μ_k)``
+differs from ``q·k`` by ``q·μ_k``, the same for every key, and softmax ignores it. Values may
+move too if the mean comes back at the end: ``Σ p_j (v_j − μ_v) + μ_v = Σ p_j v_j`` (the
+probabilities sum to 1). What gets quantized is then ``k − μ_k`` and ``v − μ_v``, which hold
+less energy, so the same relative error costs less.
+
+The probe runs the reference model's one-forward perplexity (``tq eval`` protocol, held-out
+windows) with transformers' ``DynamicLayer.update`` wrapped so that the cache holds each write
+quantized and decoded by the oracle (``quantize_kv`` → ``dequantize_kv``), with or without the
+shifts. Variants: ``plain`` (no shift); ``k``, ``v``, ``kv`` (the mean over the whole window,
+exact for this protocol, where a window is one write); ``kv-first64`` (the mean of the first 64
+positions only, what a short first prefill would give a cache that fixes μ at its first write).
 """
 
 import argparse
 import sys
 
+import torch
+
+
+def _fake_quantized(x, config, role, shift):
+    from turboquant.quant import dequantize_kv, quantize_kv
+
+    mu = 0 if shift is None else shift(x)
+    return (dequantize_kv(quantize_kv((x - mu).double(), config, role=role), torch.float64) + mu).to(x.dtype)
+
+
+SHIFTS = {
+    "plain": (None, None),
+    "k": ("all", None),
+    "v": (None, "all"),
+    "kv": ("all", "all"),
+    "kv-first64": ("first64", "first64"),
+}
+_MEANS = {"all": lambda x: x.mean(-2, keepdim=True), "first64": lambda x: x[..., :64, :].mean(-2, keepdim=True)}
+
+
+def perplexity(config, k_shift, v_shift, max_windows: int) -> float:
+    from transformers.cache_utils import DynamicLayer
+
+    from turboquant.eval.run import run_eval
+
+    original = DynamicLayer.update
+
+    def update(self, keys, values, *a, **kw):
+        if config is not None:
+            keys = _fake_quantized(keys, config, "k", k_shift and _MEANS[k_shift])
+            values = _fake_quantized(values, config, "v", v_shift and _MEANS[v_shift])
+        return original(self, keys, values, *a, **kw)
+
+    DynamicLayer.update = update
+    try:
+        result = run_eval(configs=[], contexts=[], needles=0, max_windows=max_windows, device="cpu",
+                          backend="eager", progress=False)
+    finally:
+        DynamicLayer.update = original
+    return result["rows"][0]["ppl"]
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=["turbo-4", "turbo-3", "affine-4"])
-    p.add_argument("--max-windows", type=int, default=8)
+    p.add_argument("--variants", nargs="+", default=list(SHIFTS), choices=list(SHIFTS))
+    p.add_argument("--max-windows", type=int, default=32)
     args = p.parse_args(argv)
 
-    from transformers.cache_utils import DynamicLayer
+    from turboquant.eval.configs import parse_config
+    from turboquant.reporting import format_table
 
-    from turboquant.cli import main as tq
-
-    common = ["eval", "--device", "cpu", "--backend", "eager", "--max-windows", str(args.max_windows), "--needles",
-              "0", "--contexts", "--csv", "", "--png", "", "--no-progress", "--configs", *args.configs]
-    print("## keys as they are", flush=True)
-    tq(common)
-    original = DynamicLayer.update
-
-    def smoothed(self, key_states, value_states, *a, **kw):
-        return original(self, key_states - key_states.mean(-2, keepdim=True), value_states, *a, **kw)
-
-    DynamicLayer.update = smoothed
-    try:
-        print("## keys minus their per-head mean", flush=True)
-        tq(common)
-    finally:
-        DynamicLayer.update = original
+    base = perplexity(None, None, None, args.max_windows)
+    rows = []
+    for spec in args.configs:
+        config = parse_config(spec).kv_config()
+        row = {"config": spec}
+        for name in args.variants:
+            ppl = perplexity(config, *SHIFTS[name], args.max_windows)
+            row[name] = f"{100 * (ppl / base - 1):+.2f}%"
+            print(f"{spec} {name}: {row[name]}", file=sys.stderr, flush=True)
+        rows.append(row)
+    print(f"perplexity change against the unquantized model (ppl {base:.4f}), {args.max_windows} windows, one forward")
+    print(format_table(rows, ["config", *args.variants]))
     return 0
 
 
