@@ -554,6 +554,16 @@ def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
     return _table(("placeholder",), device, lambda dev: torch.zeros(1, device=dev, dtype=torch.float32))
 
 
+def _cdiv(a: int, b: int) -> int:
+    # plain integers: triton.cdiv is a constexpr function whose Python call costs ~4 µs, and the
+    # launch computes several (host time per call 82 → 37 µs without the launches, CPU measurement)
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:  # n >= 1
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
@@ -580,24 +590,24 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
     k_words, v_words = _as_words(k_codes, k_spec), _as_words(v_codes, v_spec)
     min_rows = _min_tile_rows(k_spec, v_spec) if min_tile_rows is None else min_tile_rows
-    M = min(MAX_TILE_ROWS, max(min_rows, triton.next_power_of_2(G * L)))
+    M = min(MAX_TILE_ROWS, max(min_rows, _pow2(G * L)))
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
-    KPW = max(16, triton.next_power_of_2(triton.cdiv(D, KP)))
-    VPW = max(16, triton.next_power_of_2(triton.cdiv(D, VP)))
+    KPW = max(16, _pow2(_cdiv(D, KP)))
+    VPW = max(16, _pow2(_cdiv(D, VP)))
     if block_n is None:
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
         block_n = 64 if any(s.bits == 3 for s in (k_spec, v_spec)) else 128
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        num_splits = max(1, min(triton.cdiv(programs_per_sm * sms, B * HKV), triton.cdiv(S, block_n)))
+        num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, block_n)))
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
-    split_blocks = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(S, 1), num_splits), block_n))
-    num_splits = max(1, triton.cdiv(S, split_blocks * block_n))
+    split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
+    num_splits = max(1, _cdiv(S, split_blocks * block_n))
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
-    d_pow2 = max(16, triton.next_power_of_2(D))
+    d_pow2 = max(16, _pow2(D))
     final = n_parts == 1 and not v_turbo  # turbo values are rotated back by the merge kernel
     out = torch.empty(B, HQ, L, D, device=q.device, dtype=q_dtype)
     if final:
@@ -617,7 +627,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         strides = mask.expand(B, HQ, L, S).stride()
     else:
         mask, strides = q, (0, 0, 0, 0)
-    _decode_split_kernel[(B * HKV, num_splits, triton.cdiv(G * L, M))](
+    _decode_split_kernel[(B * HKV, num_splits, _cdiv(G * L, M))](
         q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device),
         _rotation(k_spec, D, q), mask,
         ring_pos if ring_w else q, po, pm, pl,
@@ -639,5 +649,5 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     if not final:
         _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, _rotation(v_spec, D, q), out, n_parts, D=D, PO_W=VP * VPW,
                                             BLOCK_D=d_pow2,
-                                            BLOCK_SPLITS=max(2, triton.next_power_of_2(n_parts)), ROTATE=v_turbo)
+                                            BLOCK_SPLITS=max(2, _pow2(n_parts)), ROTATE=v_turbo)
     return out
