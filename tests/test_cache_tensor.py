@@ -114,6 +114,9 @@ def test_gqa_expansion_reads_the_cache_without_copying_it(expand):
     # any other use sees the expanded tensor it stands for
     assert torch.equal(kr.dequantize(), kc.dequantize().repeat_interleave(g, 1))
     assert torch.equal(kr[:, 3:5, 2:7] * 1, kc.dequantize().repeat_interleave(g, 1)[:, 3:5, 2:7])
+    # only this expansion stays a view: a batch expansion's clone is a copy that can be written
+    beams = kc[:1].expand(3, -1, -1, -1).clone()
+    assert beams.codes.stride(0) != 0 and beams.codes.data_ptr() != kc.codes.data_ptr()
 
     q = torch.randn(B, Hkv * g, 1, D)
     f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, expand(k, g), expand(v, g)), fullgraph=True)

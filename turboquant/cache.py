@@ -452,9 +452,10 @@ def _expanded(t) -> bool:
 
 
 def _clone(func, t, memory_format=None, **kw):
-    if _expanded(t):
-        # the copy a GQA expansion (repeat_kv) makes before merging heads: kept a view, so that
-        # the merge becomes a lazy head_repeat instead of a copy of the whole cache per step
+    if t.dim() >= 4 and t.codes.stride(-3) == 0 and t.codes.shape[-3] > 1:
+        # the copy a GQA expansion ([..., H, g, S, D] expanded along g) makes before merging
+        # heads: kept a view, so that the merge becomes a lazy head_repeat instead of a copy of
+        # the whole cache per step (other expansions, e.g. of the batch, are copied)
         return _same_view(t, lambda x: x)
     out = _same_view(t, lambda x: x.clone(memory_format=torch.contiguous_format))
     if t.ring_pos is not None:
