@@ -7,6 +7,7 @@ The default model is the trained reference model committed in ``turboquant/eval/
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import List, Optional
 
@@ -26,9 +27,28 @@ def default_model(seed: int = 0):
 
 
 def compiled_baseline(base, mode: Optional[str] = None):
-    """The same model compiled with the default backend and its dense cache: the fair comparison."""
+    """The same model compiled with the default backend and its dense cache: the fair comparison.
+
+    As ``turboquant.compile`` does, a transformers cache is allocated before the compiled region
+    (see :func:`turboquant.integrations.transformers.initialize_cache`): allocated inside a
+    compiled prefill, a static cache is CUDA-graph memory that the next replay overwrites.
+    """
+    from .integrations import transformers as hf
+
     model = copy.deepcopy(base)
-    model.forward = torch.compile(model.forward, mode=mode)
+    original = model.forward
+    compiled = torch.compile(original, mode=mode)
+    cache_arg = hf.cache_kwarg(original)
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        cache = kwargs.get(cache_arg)
+        if cache is not None and hf.is_hf_cache(cache):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            hf.initialize_cache(cache, model, (ids if ids is not None else kwargs["inputs_embeds"]).shape[0])
+        return compiled(*args, **kwargs)
+
+    model.forward = forward
     model.generation_config.disable_compile = True
     return model
 

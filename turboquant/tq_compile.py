@@ -225,15 +225,6 @@ def turboquant_backend(gm, example_inputs, mode=None, options=None):
 _BACKEND_STATES: Dict[tuple, CompileState] = {}
 
 
-def _kv_shape(model):
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    return kv_heads, head_dim
-
-
 def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
     """Give the call a quantized transformers cache, initialized before the compiled region."""
     cache = kwargs.get(cache_arg)
@@ -244,13 +235,12 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
     if not hf.is_hf_cache(cache):
         return
     hf.quantize_cache(cache, lambda i: state.config.for_layer(i, len(cache.layers)))
-    layers = getattr(cache, "layers", [])
-    if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        embeds = kwargs.get("inputs_embeds")
-        batch = (ids if ids is not None else embeds).shape[0]
-        kv_heads, head_dim = _kv_shape(model)
-        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
+    hf.initialize_cache(cache, model, _batch_size(args, kwargs))
+
+
+def _batch_size(args, kwargs) -> int:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    return (ids if ids is not None else kwargs.get("inputs_embeds")).shape[0]
 
 
 def compile(model, bits: int = 4, **options):

@@ -47,7 +47,6 @@ import torch
 import torch.nn.functional as F
 
 from ..integrations import transformers as hf
-from ..tq_compile import _kv_shape
 from .configs import EvalConfig
 from .needle import NeedleSample, answer_is_argmax, stack
 
@@ -81,8 +80,7 @@ class Runner:
         if self.kv is not None and self.backend == "eager":
             n = len(cache.layers)
             hf.quantize_cache(cache, lambda i: self.kv.for_layer(i, n))
-            heads, head_dim = _kv_shape(self.model)
-            cache.early_initialization(batch, heads, head_dim, self.model.dtype, self.model.device)
+            hf.initialize_cache(cache, self.model, batch)
         return cache
 
     def _call(self, ids: torch.Tensor, cache) -> torch.Tensor:

@@ -19,7 +19,7 @@ from ..cache import QuantizedCacheTensor
 from ..compat import mark_static_address
 from ..config import KVQuantConfig
 
-__all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache"]
+__all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache", "kv_shape", "initialize_cache"]
 
 
 def is_hf_model(model) -> bool:
@@ -50,6 +50,29 @@ def new_dynamic_cache(model):
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
+
+
+def kv_shape(model) -> tuple:
+    """``(kv_heads, head_dim)`` of a transformers model's attention layers."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    return kv_heads, head_dim
+
+
+def initialize_cache(cache, model, batch: int) -> None:
+    """Allocate a cache's lazily created layers now, before a compiled region runs.
+
+    transformers allocates them in the first ``update``; inside a compiled prefill they would be
+    outputs of the graph — with CUDA graphs (``mode="reduce-overhead"``), memory that the next
+    replay overwrites — and would not be marked as static addresses.
+    """
+    layers = getattr(cache, "layers", [])
+    if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
+        kv_heads, head_dim = kv_shape(model)
+        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
 
 
 def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) -> QuantizedCacheTensor:
