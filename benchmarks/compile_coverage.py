@@ -26,7 +26,7 @@ import warnings
 import torch
 
 import turboquant
-from turboquant.integrations.transformers import quantize_cache
+from turboquant.integrations.transformers import initialize_cache, quantize_cache
 from turboquant.reporting import format_table, write_csv
 from turboquant.testing import FAMILIES, left_padded_batch, tiny_hf_model
 
@@ -48,8 +48,7 @@ def _bytes_ratio(base, ids, mask, cache, bits):
     c = (transformers.StaticCache(config=base.config, max_cache_len=ids.shape[1] + 8) if cache == "static"
          else transformers.DynamicCache(config=base.config))
     quantize_cache(c, lambda i: turboquant.KVQuantConfig(bits=bits))
-    kv_heads, head_dim = turboquant.tq_compile._kv_shape(base)
-    c.early_initialization(ids.shape[0], kv_heads, head_dim, base.dtype, ids.device)
+    initialize_cache(c, base, ids.shape[0])
     with torch.no_grad():
         base(ids, attention_mask=mask, cache=c)
     nb = turboquant.cache_nbytes(c)
