@@ -193,7 +193,8 @@ class QuantizedCacheTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        args, kwargs = tree_map(_expand_heads, (args, kwargs))  # only attention reads a GQA expansion lazily
+        if _any_head_repeat(args, kwargs):  # only attention reads a GQA expansion lazily
+            args, kwargs = tree_map(_expand_heads, (args, kwargs))
         handler = _HANDLERS.get(func)
         if handler is not None:
             return handler(func, *args, **kwargs)
@@ -281,14 +282,25 @@ def _expand_heads(x):
                                 x.head_dim, x.dtype, ring=ring, ring_pos=x.ring_pos)
 
 
+def _any_head_repeat(args, kwargs) -> bool:
+    """Whether a lazy GQA expansion is among the op's arguments (top level or in a list, as cat's)."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, QuantizedCacheTensor) and t.head_repeat > 1:
+                return True
+    return False
+
+
+def _gqa_expanded(t) -> bool:
+    """``t`` is ``[..., H, g, S, D]`` expanded along g (stride 0), as repeat_kv makes it."""
+    return t.dim() >= 4 and t.shape[-3] > 1 and all(
+        x.stride(-3) == 0 for x in (t.codes, t.meta, t.ring) if x is not None)
+
+
 def _heads_repeated(t, size):
     """``t`` reshaped to ``size`` as a lazy GQA expansion, or None if this is not one: ``t`` is
-    ``[..., H, g, S, D]`` expanded along g (stride 0) and ``size`` merges H and g."""
-    if t.dim() < 4 or t.codes.stride(-3) != 0 or t.meta.stride(-3) != 0 or t.shape[-3] == 1:
-        return None
-    if t.ring is not None and t.ring.stride(-3) != 0:
-        return None
-    if len(size) != t.dim() - 1 or -1 in size[:-2]:
+    :func:`_gqa_expanded` and ``size`` merges H and g."""
+    if not _gqa_expanded(t) or len(size) != t.dim() - 1 or -1 in size[:-2]:
         return None
     want = [*t.shape[:-4], t.shape[-4] * t.shape[-3], t.shape[-2], t.head_dim]
     if list(size[:-2]) != want[:-2] or size[-2] not in (-1, want[-2]) or size[-1] not in (-1, want[-1]):
@@ -452,7 +464,7 @@ def _expanded(t) -> bool:
 
 
 def _clone(func, t, memory_format=None, **kw):
-    if t.dim() >= 4 and t.codes.stride(-3) == 0 and t.codes.shape[-3] > 1:
+    if _gqa_expanded(t):
         # the copy a GQA expansion ([..., H, g, S, D] expanded along g) makes before merging
         # heads: kept a view, so that the merge becomes a lazy head_repeat instead of a copy of
         # the whole cache per step (other expansions, e.g. of the batch, are copied)

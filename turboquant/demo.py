@@ -44,8 +44,7 @@ def compiled_baseline(base, mode: Optional[str] = None):
     def forward(*args, **kwargs):
         cache = kwargs.get(cache_arg)
         if cache is not None and hf.is_hf_cache(cache):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            hf.initialize_cache(cache, model, (ids if ids is not None else kwargs["inputs_embeds"]).shape[0])
+            hf.initialize_cache(cache, model, hf.call_batch_size(args, kwargs))
         return compiled(*args, **kwargs)
 
     model.forward = forward

@@ -73,18 +73,16 @@ def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.to(work)
     qw = q.to(work)
     g = q.shape[1] // k.shape[1]
-    if softcap > 0:
+    # expanded K/V where grouped heads cannot be used: the soft-cap path is plain matmuls, and
+    # enable_gqa with a mask has only SDPA's math backend on CUDA, which builds the [B, Hq, L, S]
+    # scores (1 TiB for a batch-8 32K prefill); expanded K/V take the memory-efficient kernel
+    if g > 1 and (softcap > 0 or (q.is_cuda and mask is not None)):
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    if softcap > 0:
         out = masked_softmax(qw @ k.transpose(-1, -2) * scale, mask, is_causal, softcap) @ v
-    elif q.is_cuda and g > 1 and mask is not None:
-        # enable_gqa with a mask has only SDPA's math backend on CUDA, which builds the
-        # [B, Hq, L, S] scores (1 TiB for a batch-8 32K prefill); expanded K/V take the
-        # memory-efficient kernel
-        out = F.scaled_dot_product_attention(qw, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask,
-                                             is_causal=is_causal, scale=scale)
     else:
         out = F.scaled_dot_product_attention(qw, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                             enable_gqa=g > 1)
+                                             enable_gqa=q.shape[1] != k.shape[1])
     return out.to(q.dtype).contiguous()
 
 

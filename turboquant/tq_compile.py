@@ -235,12 +235,7 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
     if not hf.is_hf_cache(cache):
         return
     hf.quantize_cache(cache, lambda i: state.config.for_layer(i, len(cache.layers)))
-    hf.initialize_cache(cache, model, _batch_size(args, kwargs))
-
-
-def _batch_size(args, kwargs) -> int:
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    return (ids if ids is not None else kwargs.get("inputs_embeds")).shape[0]
+    hf.initialize_cache(cache, model, hf.call_batch_size(args, kwargs))
 
 
 def compile(model, bits: int = 4, **options):

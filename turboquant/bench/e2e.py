@@ -201,7 +201,7 @@ def run_from_args(args) -> int:
           f"budget_vs_bf16 against bf16 in the same run; budget {args.budget_gib:g} GiB.")
     print(format_table(rows, COLUMNS))
     if args.out:
-        print(f"wrote {write_csv(rows, os.path.join(args.out, 'e2e_generate.csv'), COLUMNS)}")  # + environment
+        print(f"wrote {write_csv(rows, os.path.join(args.out, 'e2e_generate.csv'), COLUMNS)}")
         paths = plot(rows, args.out)
         print("wrote " + ", ".join(paths) if paths else "matplotlib is not installed: no PNG")
     return 0

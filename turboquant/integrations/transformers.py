@@ -19,7 +19,8 @@ from ..cache import QuantizedCacheTensor
 from ..compat import mark_static_address
 from ..config import KVQuantConfig
 
-__all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache", "kv_shape", "initialize_cache"]
+__all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache", "kv_shape", "initialize_cache",
+           "call_batch_size"]
 
 
 def is_hf_model(model) -> bool:
@@ -73,6 +74,12 @@ def initialize_cache(cache, model, batch: int) -> None:
     if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
         kv_heads, head_dim = kv_shape(model)
         cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
+
+
+def call_batch_size(args, kwargs) -> int:
+    """The batch of a transformers forward call (``input_ids`` or ``inputs_embeds``)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    return (ids if ids is not None else kwargs["inputs_embeds"]).shape[0]
 
 
 def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) -> QuantizedCacheTensor:

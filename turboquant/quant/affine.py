@@ -27,6 +27,9 @@ import torch
 __all__ = ["affine_quantize", "affine_dequantize", "to_metadata"]
 
 
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}  # same width
+
+
 def to_metadata(x: torch.Tensor, dtype: torch.dtype, *, round_up: bool = False) -> torch.Tensor:
     """Cast a non-negative float tensor to the metadata dtype, saturating instead of overflowing.
 
@@ -43,8 +46,6 @@ def to_metadata(x: torch.Tensor, dtype: torch.dtype, *, round_up: bool = False) 
         y = torch.where((y.to(x.dtype) < x) & (y < info.max), up, y)
     return y
 
-
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
 
 
 def _percentile(a: torch.Tensor, p: float) -> torch.Tensor:

@@ -41,7 +41,8 @@ def _rotation_cpu(d: int, seed: int) -> torch.Tensor:
         return _sylvester(d) * signs / d ** 0.5
     g = torch.randn(d, d, generator=gen, dtype=torch.float64)
     q, r = torch.linalg.qr(g)
-    return q * torch.sign(torch.diagonal(r))
+    # row-major like the Hadamard branch (QR returns column-major): kernels index rows
+    return (q * torch.sign(torch.diagonal(r))).contiguous()
 
 
 def rotation_matrix(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:

@@ -520,24 +520,12 @@ def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
     return codes if spec.bits == 3 else codes.view(torch.int16)
 
 
-_TABLES: dict = {}
-
-
-def _table(key: tuple, device, make) -> torch.Tensor:
-    """A constant table the kernels read, made by ``make(device)`` once per key and device."""
-    key = (*key, str(device))
-    if key not in _TABLES:
-        _TABLES[key] = make(device)
-    return _TABLES[key]
-
-
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
-    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so); a placeholder
-    pointer for affine."""
+    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; one copy per
+    device, see :func:`turboquant.quant.constants.as_constant`); a placeholder pointer for affine."""
     if spec.method != "turbo":
         return q
-    return _table(("rotation", d, spec.seed), q.device,
-                  lambda dev: rotation_matrix(d, spec.seed, device=dev, dtype=torch.float32).contiguous())
+    return rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32)
 
 
 def _use_asm(q: torch.Tensor) -> bool:
@@ -545,13 +533,12 @@ def _use_asm(q: torch.Tensor) -> bool:
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-def _lut(spec: TensorQuantSpec, d: int, device) -> torch.Tensor:
-    """The centroids turbo codes index; affine reads no table (its codes are their own values),
-    so it gets a one-element placeholder."""
-    if spec.method == "turbo":
-        return _table(("centroids", d, spec.bits), device,
-                      lambda dev: turbo_centroids(d, spec.bits, device=dev, dtype=torch.float32))
-    return _table(("placeholder",), device, lambda dev: torch.zeros(1, device=dev, dtype=torch.float32))
+def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
+    """The centroids turbo codes index (one copy per device); affine reads no table (its codes are
+    their own values), so it gets a placeholder pointer."""
+    if spec.method != "turbo":
+        return q
+    return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -628,7 +615,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     else:
         mask, strides = q, (0, 0, 0, 0)
     _decode_split_kernel[(B * HKV, num_splits, _cdiv(G * L, M))](
-        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q.device), _lut(v_spec, D, q.device),
+        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q), _lut(v_spec, D, q),
         _rotation(k_spec, D, q), mask,
         ring_pos if ring_w else q, po, pm, pl,
         S, n_parts, float(scale), float(softcap or 0.0),
