@@ -20,6 +20,7 @@ the decode step is turned off (the forward is compiled already).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import re
@@ -72,6 +73,7 @@ class CompileState:
     # graphs and the first may hold no attention); the bare backend judges each graph
     check_after_call: bool = False
     warned_no_cache: bool = False
+    warned_grad_mode: bool = False
 
     def warn_if_no_cache(self) -> None:
         if self.layers or self.warned_no_cache:
@@ -80,6 +82,22 @@ class CompileState:
         warnings.warn("turboquant: no KV-cache write feeding an attention was found in the captured graphs; the "
                       "model runs unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ "
                       "and read by scaled_dot_product_attention or matmul-softmax-matmul)", stacklevel=4)
+
+    def inference_only(self):
+        """The context a forward with a quantized cache runs in: ``torch.no_grad()`` when grad mode is
+        on (warned once).
+
+        A quantized cache is an inference feature: tracing a backward through its writes fails
+        (the cache's codes have no derivative), so a model called without ``torch.no_grad()``,
+        as evaluation loops often do, would otherwise not compile."""
+        if not torch.is_grad_enabled():
+            return contextlib.nullcontext()
+        if not self.warned_grad_mode:
+            self.warned_grad_mode = True
+            warnings.warn("turboquant: a quantized KV cache is for inference; the compiled forward runs under "
+                          "torch.no_grad() and its outputs carry no gradient (call it inside torch.no_grad() "
+                          "to silence this)", stacklevel=4)
+        return torch.no_grad()
 
     def layer_config(self, layer: int, graph_layers: int) -> Optional[KVQuantConfig]:
         """Layer ``layer``'s config (``None``: kept dense by ``protected_layers``)."""
@@ -225,17 +243,19 @@ def turboquant_backend(gm, example_inputs, mode=None, options=None):
 _BACKEND_STATES: Dict[tuple, CompileState] = {}
 
 
-def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs):
-    """Give the call a quantized transformers cache, initialized before the compiled region."""
+def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs) -> bool:
+    """Give the call a quantized transformers cache, initialized before the compiled region; whether
+    it has one."""
     cache = kwargs.get(cache_arg)
     if cache is None:
         if kwargs.get("use_cache") is False or not getattr(model.config, "use_cache", True):
-            return
+            return False
         cache = kwargs[cache_arg] = hf.new_dynamic_cache(model)
     if not hf.is_hf_cache(cache):
-        return
+        return False
     hf.quantize_cache(cache, lambda i: state.config.for_layer(i, len(cache.layers)))
     hf.initialize_cache(cache, model, hf.call_batch_size(args, kwargs))
+    return True
 
 
 def compile(model, bits: int = 4, **options):
@@ -272,9 +292,11 @@ def compile(model, bits: int = 4, **options):
 
     @functools.wraps(original)
     def forward(*args, **kwargs):
+        quantized = bool(state.layers)  # a model that writes no cache keeps its grad mode
         if is_hf:
-            _prepare_hf_cache(model, state, cache_arg, args, kwargs)
-        out = compiled(*args, **kwargs)
+            quantized = _prepare_hf_cache(model, state, cache_arg, args, kwargs) or quantized
+        with state.inference_only() if quantized else contextlib.nullcontext():
+            out = compiled(*args, **kwargs)
         if state.graphs:
             state.warn_if_no_cache()
         return out
