@@ -17,6 +17,8 @@ import turboquant
 from turboquant.compat import dynamo_counters
 from turboquant.integrations.transformers import quantize_cache
 
+KERNEL_REL_TOL = 2e-3  # decode kernel against the oracle on the same codes (bf16 output; issue 4)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
 transformers = pytest.importorskip("transformers")
 
@@ -81,8 +83,12 @@ def test_compiled_cuda_generation_matches_the_eager_quantized_path(model, method
     assert torch.equal(tokens, ref_tokens)
     assert _differs_only_at_near_ties(logits, ref_logits)
     # well below what quantizing costs (the same logits against the unquantized model's); seen on
-    # the CPU, affine 4-bit: 0.015 against 0.156, from one key code flipped in layer 2
-    assert _rel_err(logits, ref_logits) < 0.25 * _rel_err(ref_logits, plain_logits)
+    # the CPU, affine 4-bit: 0.015 against 0.156, from one key code flipped in layer 2. At 8 bits
+    # quantizing costs less than the floating-point noise of the two paths (the kernel's fp16
+    # operands, ≤ 2e-3 relative per attention, through six layers): H200, 0.0027 against 0.0083
+    # (2026-12-01). The floor is that noise, twice the kernel's own bound.
+    err, quant_err = _rel_err(logits, ref_logits), _rel_err(ref_logits, plain_logits)
+    assert err < max(0.25 * quant_err, 2 * KERNEL_REL_TOL), (err, quant_err)
     assert all(r.status == "quantized" for r in turboquant.report(compiled))
 
 

@@ -515,6 +515,10 @@ def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
     return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
 
+def _turbo8(spec: TensorQuantSpec) -> bool:
+    return spec.method == "turbo" and spec.bits == 8
+
+
 def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
     """2/4/8-bit rows as int16 words (see :func:`_planes`); 3-bit rows stay bytes."""
     return codes if spec.bits == 3 else codes.view(torch.int16)
@@ -555,16 +559,17 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                     num_warps: int = 4, num_stages: int = 3, programs_per_sm: int = 8,
+                     num_warps: int = 4, num_stages: Optional[int] = None, programs_per_sm: int = 8,
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
-                     min_tile_rows: Optional[int] = None) -> torch.Tensor:
+                     min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
     ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
     the positions the ring holds; their dense attention is one more partial, merged by the
-    splits' merge (log-sum-exp), so the ring never widens the kernel.
+    splits' merge (log-sum-exp), so the ring never widens the kernel. ``maxnreg``: a register cap for
+    the split kernel (CUDA; more programs per SM where registers limit them).
     """
     q_in = q
     B, HQ, L, D = q.shape
@@ -584,7 +589,12 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     if block_n is None:
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
-        block_n = 64 if any(s.bits == 3 for s in (k_spec, v_spec)) else 128
+        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) else 128
+    if num_stages is None:
+        # turbo 8-bit tiles take 162 KB of shared memory at 3 stages (one program per SM): 2 stages
+        # and 64 keys run 855 µs against 1616 at 32K (H200, 2026-12-01); 3 stages are best or equal
+        # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4)
+        num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) else 3
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, block_n)))
@@ -631,7 +641,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     if not final:
         _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, _rotation(v_spec, D, q), out, n_parts, D=D, PO_W=VP * VPW,
