@@ -24,6 +24,7 @@ merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the o
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -545,6 +546,13 @@ def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
     return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    # get_device_properties re-resolves the device index and lazy-init state on every call, and
+    # the launch runs once per layer per decode step on a host-bound path
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _cdiv(a: int, b: int) -> int:
     # plain integers: triton.cdiv is a constexpr function whose Python call costs ~4 µs, and the
     # launch computes several (host time per call 82 → 37 µs without the launches, CPU measurement)
@@ -596,7 +604,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4)
         num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) else 3
     if num_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        sms = _multiprocessors(q.device) if q.is_cuda else 4
         num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, block_n)))
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
