@@ -577,7 +577,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
     the positions the ring holds; their dense attention is one more partial, merged by the
     splits' merge (log-sum-exp), so the ring never widens the kernel. ``maxnreg``: a register cap for
-    the split kernel (CUDA; more programs per SM where registers limit them).
+    the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
+    slower than none).
     """
     q_in = q
     B, HQ, L, D = q.shape
