@@ -179,3 +179,18 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
     with exact_casts():
         got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_attention_over_the_cache_builds_no_autograd_graph():
+    """The attention op is inference-only: with a query that requires grad it attends as usual and
+    records nothing to backpropagate (its autograd key falls through; no Python autograd layer)."""
+    cfg = KVQuantConfig(bits=4)
+    k, v = torch.randn(1, 2, 9, 32), torch.randn(1, 2, 9, 32)
+    kc, vc = _empty(cfg, (1, 2, 9, 32)), _empty(cfg, (1, 2, 9, 32), "v")
+    kc.copy_(k)
+    vc.copy_(v)
+    q = torch.randn(1, 4, 1, 32, requires_grad=True)
+    out = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+    assert out.grad_fn is None and not out.requires_grad
+    ref = reference_attention(q.detach(), quantize_kv(k, cfg), quantize_kv(v, cfg, role="v"))
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
