@@ -83,14 +83,14 @@ class CompileState:
                       "model runs unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ "
                       "and read by scaled_dot_product_attention or matmul-softmax-matmul)", stacklevel=4)
 
-    def inference_only(self):
-        """The context a forward with a quantized cache runs in: ``torch.no_grad()`` when grad mode is
-        on (warned once).
+    def inference_only(self, quantized: bool):
+        """The context a forward runs in: ``torch.no_grad()`` when it has a quantized cache and grad
+        mode is on (warned once); a model that writes no cache keeps its grad mode.
 
         A quantized cache is an inference feature: tracing a backward through its writes fails
         (the cache's codes have no derivative), so a model called without ``torch.no_grad()``,
         as evaluation loops often do, would otherwise not compile."""
-        if not torch.is_grad_enabled():
+        if not (quantized and torch.is_grad_enabled()):
             return contextlib.nullcontext()
         if not self.warned_grad_mode:
             self.warned_grad_mode = True
@@ -292,10 +292,10 @@ def compile(model, bits: int = 4, **options):
 
     @functools.wraps(original)
     def forward(*args, **kwargs):
-        quantized = bool(state.layers)  # a model that writes no cache keeps its grad mode
+        quantized = bool(state.layers)
         if is_hf:
             quantized = _prepare_hf_cache(model, state, cache_arg, args, kwargs) or quantized
-        with state.inference_only() if quantized else contextlib.nullcontext():
+        with state.inference_only(quantized):
             out = compiled(*args, **kwargs)
         if state.graphs:
             state.warn_if_no_cache()
