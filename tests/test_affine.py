@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from conftest import BITS, HEAD_DIMS
 from turboquant import KVQuantConfig, dequantize_kv, quantize_kv
-from turboquant.quant.affine import affine_quantize
+from turboquant.quant.affine import affine_quantize, affine_quantize_packed, metadata_word_dtype
+from turboquant.quant.packing import pack_codes
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -111,3 +112,25 @@ def test_huge_values_saturate_the_fp16_scale_instead_of_overflowing():
     p = quantize_kv(x, KVQuantConfig(bits=8))
     assert bool(torch.isfinite(p.meta).all())
     assert bool(torch.isfinite(dequantize_kv(p)).all())
+
+
+@given(bits=st.sampled_from(BITS), d=st.sampled_from(HEAD_DIMS), dtype=st.sampled_from(DTYPES + (torch.float64,)),
+       rows=st.integers(1, 17), magnitude=st.sampled_from([1e-3, 1.0, 3e4, 1e6]),
+       meta=st.sampled_from(["float16", "bfloat16", "float32"]), poison=st.sampled_from([None, "nan", "inf", "zero"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_packed_form_is_the_oracle_bit_for_bit(bits, d, dtype, rows, magnitude, meta, poison, seed):
+    """The form the cache write compiles to one kernel from: the oracle's codes, packed, and its
+    (scale, zero) pair as one integer word per row — on NaN/Inf, zero and saturating rows too."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, 3, d, generator=g, dtype=torch.float64) * magnitude).to(dtype)
+    if poison == "zero":
+        x[0] = 0
+    elif poison is not None:
+        x[0, 0, 1] = float(poison)
+        x[-1, -1, -1] = -float(poison)
+    md = getattr(torch, meta)
+    codes, pair = affine_quantize(x, bits, d, None, md)
+    packed, word = affine_quantize_packed(x, bits, md)
+    assert word.dtype == metadata_word_dtype(md) and word.shape == (rows, 3, 1)
+    assert torch.equal(packed, pack_codes(codes, bits))
+    assert torch.equal(word.view(md), pair.reshape(rows, 3, 2))

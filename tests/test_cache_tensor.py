@@ -23,6 +23,12 @@ def _expected_rows(x, cfg, role="k"):
     return p.codes, p.meta.reshape(*x.shape[:-1], -1)
 
 
+def _flat_meta(meta, spec):
+    """A cache's stored metadata as the oracle's flat pairs (affine keeps one integer word per row:
+    the pair's bytes)."""
+    return meta if meta.is_floating_point() else meta.view(spec.metadata_dtype)
+
+
 @pytest.mark.parametrize("cfg", CFGS)
 @pytest.mark.parametrize("how", ["index_copy_", "setitem", "index_put_", "slice_copy_"])
 def test_writes_store_the_oracles_codes_and_touch_only_their_rows(cfg, how):
@@ -39,11 +45,11 @@ def test_writes_store_the_oracles_codes_and_touch_only_their_rows(cfg, how):
     else:
         cache[:, :, 4:7].copy_(new)
     codes, meta = _expected_rows(new, cfg)
-    assert torch.equal(cache.codes[:, :, 4:7], codes) and torch.equal(cache.meta[:, :, 4:7], meta)
+    assert torch.equal(cache.codes[:, :, 4:7], codes) and torch.equal(_flat_meta(cache.meta, cache.spec)[:, :, 4:7], meta)
     untouched = torch.ones(S, dtype=torch.bool)
     untouched[4:7] = False
     assert int(cache.codes[:, :, untouched].count_nonzero()) == 0
-    assert cache.quantized_nbytes == B * H * S * (cache.codes.shape[-1] + cache.meta.shape[-1] * 2)
+    assert cache.quantized_nbytes == B * H * S * (cache.codes.shape[-1] + meta.shape[-1] * 2)  # fp16 metadata
 
 
 def test_meta_llama_layout_slice_assignment():
@@ -165,20 +171,26 @@ def test_compiled_decode_step_writes_only_the_new_token():
     assert int((got - want).abs().max()) <= 1 and float((got != want).float().mean()) < 0.02
 
 
+@pytest.mark.usefixtures("fresh_dynamo")  # else Dynamo makes `spec.bits` of the closure dynamic after recompiles
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
-def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bits, dtype):
-    """What a compiled graph writes into the cache is what eager writes: codes and metadata equal.
+def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bits, dtype, device):
+    """What a compiled graph writes into the cache is what eager writes: codes and metadata equal,
+    and that is the oracle's encoding.
     (Seen before the fix: Inductor took fp16 nextafter in float32, so compiled scales came out one
     fp16 step low for half the tokens and compiled generation parted from eager.)"""
     from turboquant.cache import _encode_rows
 
-    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(5)) * 3).to(dtype).to(device)
+    x[0, 0, 0, 0] = float("nan")
     spec = KVQuantConfig(bits=bits).spec("k")
-    want = _encode_rows(x, spec)
+    want = _encode_rows(x.cpu(), spec)
     with exact_casts():
         got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    codes, meta = _expected_rows(x.cpu(), KVQuantConfig(bits=bits))
+    assert torch.equal(want[0], codes) and torch.equal(_flat_meta(want[1], spec), meta)
 
 
 def test_attention_over_the_cache_builds_no_autograd_graph():

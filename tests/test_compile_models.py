@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import turboquant
 from turboquant.cache import QuantizedCacheTensor
-from turboquant.compat import dynamo_counters, run_and_get_code
+from turboquant.compat import dynamo_counters, run_and_get_code, triton_wrapper_code_on_cpu
 from turboquant.testing import left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -202,6 +202,31 @@ def test_torch_compile_backend_by_name():
     assert 0 < err0 < 5e-2 and 0 < err < 5e-2
     with pytest.raises(Exception, match="bits=7"):
         torch.compile(copy.deepcopy(base), backend="turboquant", options={"bits": 7})(x, torch.arange(4))
+
+
+def test_torch_compile_backend_in_grad_mode_runs_without_gradient_and_warns_once():
+    """The bare backend (no turboquant.compile wrapper) called without torch.no_grad(): the
+    swapping first call and the compiled calls run under no_grad, said once, and compute what
+    the same model computes under no_grad."""
+    torch.manual_seed(0)
+    base = GptFast()
+    steps = [(torch.randn(1, 4, 64), torch.arange(4)), (torch.randn(1, 1, 64), torch.tensor([4])),
+             (torch.randn(1, 1, 64), torch.tensor([5]))]
+    ref_model = torch.compile(copy.deepcopy(base), backend="turboquant", options={"bits": 4})
+    with torch.no_grad():
+        ref = [ref_model(x, pos) for x, pos in steps]
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    compiled = torch.compile(model, backend="turboquant", options={"bits": 4, "clip_percentile": 100})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        outs = [compiled(x, pos) for x, pos in steps]
+    msgs = [str(m.message) for m in w if "turboquant" in str(m.message)]
+    assert len(msgs) == 1 and "torch.no_grad()" in msgs[0], msgs
+    assert isinstance(model.layers[0].k_cache, QuantizedCacheTensor)
+    assert not any(o.requires_grad for o in outs)
+    for o, r in zip(outs, ref):
+        torch.testing.assert_close(o, r, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -498,36 +523,43 @@ def test_turbo_static_cache_compiles_with_cold_tables():
     assert not any(isinstance(t, torch._subclasses.FakeTensor) for t in (rotation._rotation_cpu(32, 0),))
 
 
-def _decode_step_kernels(model, device) -> list:
+def _decode_step_kernels(model, device, backend) -> list:
+    """Kernels the compiled decode step launches, in order; ``backend="triton"`` on the CPU: the
+    kernels Inductor's Triton backend would generate (scheduled, never compiled)."""
     with torch.no_grad():
         # prefill first: the decode step below is a graph of its own
         model(torch.randn(1, 6, 64, device=device), torch.arange(6, device=device))
-        _, code = run_and_get_code(model, torch.randn(1, 1, 64, device=device), torch.tensor([6], device=device))
-    return re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", "\n".join(code))
+        x, pos = torch.randn(1, 1, 64, device=device), torch.tensor([6], device=device)
+        if backend == "triton" and device == "cpu":
+            code = [triton_wrapper_code_on_cpu(model, x, pos)]
+        else:
+            _, code = run_and_get_code(model, x, pos)
+    wrapper = "\n".join(code)
+    names = re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", wrapper)
+    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper) if backend == "triton" else names
 
 
-# On CUDA Inductor makes the affine write three kernels per cache (min/max reduction, packed-code
-# scatter, metadata scatter): 6 kernels against 5 dense on the H200 (docs/design.md has the plan).
-# Strict: the day the write fuses, this xfail turns into a failure that asks to be removed.
-_CUDA_WRITE_NOT_FUSED = pytest.mark.xfail(strict=True, reason="issue 4: the CUDA quantize-on-write is 3 kernels")
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, _CUDA_WRITE_NOT_FUSED])])
-def test_quantize_on_write_launches_no_kernel_of_its_own(device):
+@pytest.mark.parametrize("device, backend, bits", [("cpu", "cpp", 4), *[("cpu", "triton", b) for b in (2, 3, 4, 8)],
+                                                   pytest.param("cuda", "triton", 4, marks=pytest.mark.gpu)])
+def test_quantize_on_write_launches_no_kernel_of_its_own(device, backend, bits):
     """The compiled decode step of a gpt-fast-style model launches no more kernels quantized than
-    dense: quantizing K/V (per-token min/max, rounding, packing) fuses into the kernel that
-    writes the cache, next to the projection's epilogue, and the GQA expansion before attention
-    copies nothing (dense copies its cache there)."""
+    dense: quantizing K/V (per-token min/max, rounding, packing, the metadata) fuses into the one
+    kernel that writes each cache, and the GQA expansion before attention copies nothing (dense
+    copies its cache there). ``("cpu", "triton")`` checks on any machine how Inductor's Triton
+    backend schedules the step (what CUDA launches)."""
     torch.manual_seed(0)
     base = GptFast().eval().to(device)
     dense = copy.deepcopy(base)
     dense.forward = torch.compile(dense.forward)
-    dense_kernels = _decode_step_kernels(dense, device)
+    dense_kernels = _decode_step_kernels(dense, device, backend)
     torch._dynamo.reset()
-    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4), device)
+    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=bits), device, backend)
+    torch._dynamo.reset()
     assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
     writes = [k for k in quantized_kernels if "index_put" in k]
     assert writes and all("amax" in k and "round" in k for k in writes), quantized_kernels
+    if backend == "triton":  # one launch per cache write: 2 layers × K and V
+        assert len(writes) == 4, quantized_kernels
 
 
 def test_forward_in_grad_mode_runs_without_gradient_and_warns_once():

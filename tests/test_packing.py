@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import BITS, HEAD_DIMS
-from turboquant.quant.packing import pack_codes, packed_size, unpack_codes
+from turboquant.quant.packing import byte_sources, pack_codes, pack_sources, packed_size, unpack_codes
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -43,3 +43,21 @@ def test_bad_lengths_raise():
         pack_codes(torch.zeros(12, dtype=torch.uint8), 3)
     with pytest.raises(ValueError, match="take 12"):
         unpack_codes(torch.zeros(5, dtype=torch.uint8), 3, 32)
+
+
+@given(bits=st.sampled_from(BITS), lead=st.lists(st.integers(1, 4), min_size=0, max_size=2),
+       blocks=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_byte_sources_pack_like_pack_codes(bits, lead, blocks, seed):
+    """The fused-kernel form of packing (slots in the packed row's iteration space) is the layout."""
+    d = 8 * blocks
+    codes = torch.randint(0, 1 << bits, (*lead, d), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    slots = byte_sources(codes.to(torch.int32), bits)
+    planes = 3 if bits == 3 else 1
+    assert all(s.shape == (*lead, planes, d * bits // 8 // planes) for s in slots)
+    # every element is some slot's: a range reduction over the slots sees the whole row
+    seen = torch.zeros(d, dtype=torch.bool)
+    index = byte_sources(torch.arange(d), bits)
+    for s in index:
+        seen[s.flatten()] = True
+    assert seen.all()
+    assert torch.equal(pack_sources(slots, bits), pack_codes(codes, bits))

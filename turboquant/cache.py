@@ -1,13 +1,16 @@
 """The quantized KV storage: a tensor that looks like a dense ``[..., S, D]`` cache to model code.
 
 :class:`QuantizedCacheTensor` is a traceable wrapper subclass holding two inner tensors —
-``codes`` (uint8, packed along head_dim) and ``meta`` (scales/zeros or norms, flattened to
-``[..., M]``). Model code keeps doing what it did to its cache and the subclass maps it:
+``codes`` (uint8, packed along head_dim) and ``meta`` (``[..., M]``: affine with one group per
+row keeps its (scale, zero) pair as one integer word, ``M = 1``; otherwise scales/zeros or
+norms flattened, in the metadata dtype). Model code keeps doing what it did to its cache and
+the subclass maps it:
 
 * **writes** (``index_copy_``, ``index_put_`` / ``k[:, :, pos] = k_new``, ``copy_`` into a
   slice, ``torch.cat([cache, k_new], -2)``) quantize the new rows with the oracle's
-  numerics — plain aten ops, so Inductor fuses them into the producer of ``k_new`` — and
-  write only those rows of ``codes``/``meta`` (no copy of the cache);
+  numerics — plain aten ops, so Inductor fuses them into the producer of ``k_new``; an affine
+  write is one Triton kernel per cache (min/max, rounding, packing, both stores) — and write
+  only those rows of ``codes``/``meta`` (no copy of the cache);
 * **views** that leave head_dim alone (slice, select, unsqueeze, expand, transpose of
   leading dims, view/reshape keeping the last dim) become the same views of ``codes`` and
   ``meta``, so a write through them lands in the cache;
@@ -41,8 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
+from .compat import schedules_with_triton
 from .config import TensorQuantSpec
 from .ops import decode_buffers, overlay_ring, spec_args
+from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
@@ -130,8 +135,8 @@ class QuantizedCacheTensor(torch.Tensor):
         *lead, d = shape
         spec.check_head_dim(d)
         codes = torch.zeros(*lead, packed_size(d, spec.bits), dtype=torch.uint8, device=device)
-        meta_width = _meta_width(spec, d)
-        meta = torch.zeros(*lead, meta_width, dtype=spec.metadata_dtype, device=device)
+        meta_width, meta_dtype = _meta_layout(spec, d)
+        meta = torch.zeros(*lead, meta_width, dtype=meta_dtype, device=device)
         ring, ring_pos = _empty_ring(lead[:-1], window, d, dtype, device)
         return cls(codes, meta, spec, d, dtype, ring=ring, ring_pos=ring_pos)
 
@@ -221,13 +226,31 @@ def _contiguous_strides(size) -> tuple:
     return tuple(reversed(strides))
 
 
-def _meta_width(spec: TensorQuantSpec, d: int) -> int:
+def _meta_words(spec: TensorQuantSpec, d: int) -> bool:
+    """Whether a row's metadata is stored as one integer word (:func:`~.quant.affine.metadata_word`):
+    affine with one group per row. One store per row then, which a compiler fuses into the
+    kernel that reduces the row; a ``[rows, 2]`` store it does not (and a view of the buffer
+    as a wider dtype is a library call in torch 2.11's Inductor)."""
+    return spec.method == "affine" and spec.resolved_group_size(d) == d
+
+
+def _meta_layout(spec: TensorQuantSpec, d: int) -> tuple:
+    """(width, dtype) of a row's stored metadata."""
+    if _meta_words(spec, d):
+        return 1, metadata_word_dtype(spec.metadata_dtype)
     shape = metadata_shape(spec, d)
-    return shape[0] * (shape[1] if len(shape) > 1 else 1)
+    return shape[0] * (shape[1] if len(shape) > 1 else 1), spec.metadata_dtype
 
 
 def _encode_rows(x: torch.Tensor, spec: TensorQuantSpec):
-    """Quantize dense rows to (packed codes, flat meta)."""
+    """Quantize dense rows to (packed codes, stored meta ``[..., width]``, see :func:`_meta_layout`)."""
+    if _meta_words(spec, x.shape[-1]):
+        if spec.clip_percentile in (None, 100) and schedules_with_triton(x):
+            # one Triton kernel per cache write (the same bits as encode + pack_codes); Inductor's
+            # C++ backend fuses the plain form into one kernel already, and eager runs it faster
+            return affine_quantize_packed(x, spec.bits, spec.metadata_dtype)
+        codes, meta = encode(x, spec)
+        return pack_codes(codes, spec.bits), metadata_word(meta[..., 0, 0], meta[..., 0, 1]).unsqueeze(-1)
     codes, meta = encode(x, spec)
     return pack_codes(codes, spec.bits), meta.reshape(*x.shape[:-1], -1)
 

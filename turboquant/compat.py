@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
-           "real_tolist", "real_tensor_mode"]
+           "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton"]
 
 
 def dynamo_counters():
@@ -22,15 +22,28 @@ def inductor_compile(gm, example_inputs, mode=None):
     patches = {}
     if mode not in (None, "default"):
         patches = dict(torch._inductor.list_mode_options(mode))
-    # keep the fp16 round trip of scales/zeros: without it compiled codes differ from the oracle's
-    # by one step where a value sits on a rounding boundary (seen on torch 2.11)
-    patches["emulate_precision_casts"] = True
+    patches.update(_eager_numerics())
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
+def _eager_numerics() -> dict:
+    """Inductor settings under which a compiled cache write encodes as eager does, bit for bit."""
+    # keep the fp16 round trip of scales/zeros: without it compiled codes differ from the oracle's
+    # by one step where a value sits on a rounding boundary (seen on torch 2.11)
+    patches = {"emulate_precision_casts": True}
+    # Triton's fp32 x / y is div.full (approximate): a value on a rounding boundary then takes
+    # the other code; eager divides correctly rounded (div_rn)
+    config = torch._inductor.config
+    if hasattr(config, "eager_numerics") and hasattr(config.eager_numerics, "division_rounding"):
+        patches["eager_numerics.division_rounding"] = True
+    elif hasattr(config, "emulate_divison_rounding"):  # older spelling
+        patches["emulate_divison_rounding"] = True
+    return patches
+
+
 def exact_casts():
-    """Context in which plain ``torch.compile`` keeps dtype round trips, as turboquant's backend does."""
-    return torch._inductor.config.patch(emulate_precision_casts=True)
+    """Context in which plain ``torch.compile`` encodes as turboquant's backend does (eager numerics)."""
+    return torch._inductor.config.patch(_eager_numerics())
 
 
 def run_and_get_code(fn, *args, **kwargs):
@@ -67,3 +80,50 @@ def mark_static_address(t: torch.Tensor) -> None:
     transformers does for a static cache's tensors: a graph that writes it in place is then
     recorded instead of skipped."""
     torch._dynamo.mark_static_address(t)
+
+
+def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
+    """The wrapper source that Inductor's Triton backend generates for ``fn(*args)`` on CPU tensors.
+
+    No kernel is compiled or run (no GPU needed): Inductor schedules and fuses with its Triton
+    rules (``cpu_backend="triton"``), kernel compilation is stubbed out and the call stops where
+    the wrapper module would load. For tests of what a CUDA graph's kernels would be on a machine
+    without one (the same scheduler and fusion rules; device-specific tuning aside).
+    """
+    import contextlib
+    from unittest import mock
+
+    import torch.utils._triton as triton_utils
+    from torch._inductor import async_compile, codecache
+
+    caught = []
+    load = codecache.PyCodeCache.load_by_key_path.__func__
+
+    def catch(cls, key, path, *a, **k):
+        with open(path) as f:
+            src = f.read()
+        if "def call(" in src:
+            caught.append(src)
+            raise RuntimeError("turboquant: wrapper source caught (codegen only)")
+        return load(cls, key, path, *a, **k)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False))
+        stack.enter_context(mock.patch.object(triton_utils, "triton_hash_with_backend", lambda: "codegen-only"))
+        stack.enter_context(mock.patch.object(triton_utils, "triton_backend", lambda: None))
+        stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton", lambda self, *a, **k: None))
+        stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(catch)))
+        try:
+            fn(*args, **kwargs)
+        except Exception:
+            if not caught:
+                raise
+    if not caught:
+        raise RuntimeError("turboquant: the call compiled no new graph (it was cached or ran eagerly)")
+    return caught[-1]
+
+
+def schedules_with_triton(t: torch.Tensor) -> bool:
+    """Whether Inductor generates Triton kernels for tensors on ``t``'s device (every GPU; the CPU
+    only with ``cpu_backend="triton"``)."""
+    return t.device.type != "cpu" or torch._inductor.config.cpu_backend == "triton"

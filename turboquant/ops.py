@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import TensorQuantSpec
+from .quant.affine import metadata_pair
 from .quant.packed import decode
 from .quant.packing import unpack_codes
 from .quant.reference import masked_softmax
@@ -40,9 +41,15 @@ def _spec_from_args(args) -> TensorQuantSpec:
 
 def decode_buffers(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
                    dtype: torch.dtype) -> torch.Tensor:
-    """Dense ``[..., head_dim]`` from packed ``codes [..., P]`` and flat ``meta [..., M]``."""
+    """Dense ``[..., head_dim]`` from packed ``codes [..., P]`` and flat ``meta [..., M]`` (affine: or
+    one integer word per row, :func:`~.quant.affine.metadata_word`)."""
     c = unpack_codes(codes, spec.bits, head_dim)
-    m = meta if spec.method == "turbo" else meta.unflatten(-1, (-1, 2))
+    if spec.method == "turbo":
+        m = meta
+    elif not meta.is_floating_point():
+        m = torch.stack(metadata_pair(meta, spec.metadata_dtype), -1)  # [..., 1 group, 2]
+    else:
+        m = meta.unflatten(-1, (-1, 2))
     return decode(c, m, spec, dtype)
 
 

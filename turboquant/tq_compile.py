@@ -220,8 +220,24 @@ def _backend(gm, example_inputs, state: CompileState):
     if to_swap:
         # runs once per dense cache, eagerly; the next call fails Dynamo's type guards and
         # compiles the graph over quantized storage, so compiling this one would be wasted
-        return _swapping_entry(gm, to_swap, state)
-    return inductor_compile(gm, example_inputs, mode=state.mode)
+        return _inference_only(_swapping_entry(gm, to_swap, state), state, True)
+    quantized = any(isinstance(t, QuantizedCacheTensor) for t in example_inputs)
+    # the bare backend has no wrapper around the model's call: a graph over a quantized cache
+    # traced in grad mode is compiled (AOTAutograd: no joint graph) and run under no_grad here
+    with state.inference_only(quantized):
+        compiled = inductor_compile(gm, example_inputs, mode=state.mode)
+    return _inference_only(compiled, state, quantized)
+
+
+def _inference_only(fn, state: CompileState, quantized: bool):
+    """``fn`` run in :meth:`CompileState.inference_only` (unchanged when it touches no quantized cache)."""
+    if not quantized:
+        return fn
+    def run(*args):
+        with state.inference_only(True):
+            return fn(*args)
+
+    return run
 
 
 def turboquant_backend(gm, example_inputs, mode=None, options=None):

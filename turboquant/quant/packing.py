@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes"]
+__all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
+           "pack_sources"]
 
 # codes per byte block and bytes per block for each width
 CODES_PER_BLOCK = {8: 1, 4: 2, 3: 8, 2: 4}
@@ -71,3 +72,59 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     shifts = torch.arange(per, device=p.device, dtype=torch.int32) * bits
     codes = (word.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     return codes.reshape(*p.shape[:-1], n).to(torch.uint8)
+
+
+def _source_table(bits: int) -> list:
+    """``table[k][i] = (t, shift)``: slot ``i`` of byte plane ``k`` is code ``t`` of its block,
+    shifted by ``shift`` (negative: the high bits of a code that straddles into the byte; 8: none)."""
+    if bits != 3:
+        return [[(t, bits * t) for t in range(CODES_PER_BLOCK[bits])]]
+    planes = [[(t, 3 * t - 8 * k) for t in range(8) if -3 < 3 * t - 8 * k < 8] for k in range(3)]
+    slots = max(len(p) for p in planes)
+    return [p + [(p[-1][0], 8)] * (slots - len(p)) for p in planes]
+
+
+def byte_sources(x: torch.Tensor, bits: int) -> list:
+    """The elements of ``x [..., n]`` whose codes each packed byte holds, one tensor per slot.
+
+    Slot ``i`` is ``[..., P, n / CODES_PER_BLOCK[bits]]``: at ``(k, j)`` the element that puts its
+    code into byte plane ``k`` of block ``j`` (``P = 3`` byte planes for 3 bits, else 1). Every
+    element of a row is some slot's, so a range reduction over the slots sees the whole row.
+
+    :func:`pack_sources` combines the slots' codes into packed rows equal to :func:`pack_codes`.
+    Together they express packing in one iteration space, ``[..., packed bytes]``: a compiler
+    then fuses a row's reduction (its range), the codes and the packed store into one kernel
+    (:func:`pack_codes` works per element and per block, which Inductor's Triton backend
+    schedules as three kernels).
+    """
+    n = x.shape[-1]
+    _check(bits, n)
+    blocks = x.reshape(*x.shape[:-1], n // CODES_PER_BLOCK[bits], CODES_PER_BLOCK[bits])
+    table = _source_table(bits)
+    plane = torch.arange(len(table), device=x.device)[:, None]
+    slots = []
+    for i in range(len(table[0])):
+        src = None
+        for k in reversed(range(len(table))):  # a select over planes, not a stack: one iteration space
+            v = blocks[..., table[k][i][0]].unsqueeze(-2)
+            src = v if src is None else torch.where(plane == k, v, src)
+        slots.append(src)
+    return slots
+
+
+def pack_sources(codes: list, bits: int) -> torch.Tensor:
+    """Packed rows (``uint8 [..., packed_size(n, bits)]``, as :func:`pack_codes`) from the int32
+    codes of :func:`byte_sources`' slots."""
+    table = _source_table(bits)
+    packed = None
+    for i, c in enumerate(codes):
+        if len(table) == 1:
+            field = c << table[0][i][1]
+        else:
+            shift = torch.tensor([[table[k][i][1]] for k in range(len(table))], dtype=torch.int32, device=c.device)
+            field = (c << shift.clamp(min=0)) >> (-shift).clamp(min=0)
+        packed = field if packed is None else packed | field
+    packed = packed & 0xFF
+    # contiguous, as pack_codes' reduction output is: pointwise ops keep their input's layout
+    # (a transposed K projection), and the cache mirrors its codes' strides in its own
+    return packed.to(torch.uint8).reshape(*packed.shape[:-2], -1).contiguous()

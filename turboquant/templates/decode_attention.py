@@ -520,6 +520,10 @@ def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
 
+def _meta_pairs(meta: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
+    return meta if meta.is_floating_point() else meta.view(spec.metadata_dtype)
+
+
 def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
     """2/4/8-bit rows as int16 words (see :func:`_planes`); 3-bit rows stay bytes."""
     return codes if spec.bits == 3 else codes.view(torch.int16)
@@ -589,6 +593,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     q = q.contiguous() if q.stride(-1) != 1 else q  # turbo: the kernel rotates q (see _q_plane)
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
+    # affine rows keep (scale, zero) as one integer word (its bytes are the pair): read the pair
+    k_meta, v_meta = _meta_pairs(k_meta, k_spec), _meta_pairs(v_meta, v_spec)
     k_words, v_words = _as_words(k_codes, k_spec), _as_words(v_codes, v_spec)
     min_rows = _min_tile_rows(k_spec, v_spec) if min_tile_rows is None else min_tile_rows
     M = min(MAX_TILE_ROWS, max(min_rows, _pow2(G * L)))
