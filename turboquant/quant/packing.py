@@ -17,6 +17,8 @@ three stride-3 loads.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
@@ -74,14 +76,15 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes.reshape(*p.shape[:-1], n).to(torch.uint8)
 
 
-def _source_table(bits: int) -> list:
+@functools.lru_cache(maxsize=None)
+def _source_table(bits: int) -> tuple:
     """``table[k][i] = (t, shift)``: slot ``i`` of byte plane ``k`` is code ``t`` of its block,
     shifted by ``shift`` (negative: the high bits of a code that straddles into the byte; 8: none)."""
     if bits != 3:
-        return [[(t, bits * t) for t in range(CODES_PER_BLOCK[bits])]]
+        return (tuple((t, bits * t) for t in range(CODES_PER_BLOCK[bits])),)
     planes = [[(t, 3 * t - 8 * k) for t in range(8) if -3 < 3 * t - 8 * k < 8] for k in range(3)]
     slots = max(len(p) for p in planes)
-    return [p + [(p[-1][0], 8)] * (slots - len(p)) for p in planes]
+    return tuple(tuple(p + [(p[-1][0], 8)] * (slots - len(p))) for p in planes)
 
 
 def byte_sources(x: torch.Tensor, bits: int) -> list:
