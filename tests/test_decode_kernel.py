@@ -115,6 +115,26 @@ def test_supports_names_what_it_leaves_to_the_fallback():
     assert supports(torch.zeros(1, 4, 1, 36), eight, eight, 36, 36, 2) is None
 
 
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
+    # the plan keeps the launches' grids and arguments (on a GPU, the compiled kernels, launched
+    # directly): a call with other values of the same shape must still compute its own result
+    from turboquant.templates import decode_attention as da
+
+    da._PLANS.clear()
+    kw = dict(B=2, hkv=2, g=4, L=2, S=70, D=64, mask="bool", block_n=16, num_splits=3)
+    first, ref = _case(method, 4, 3, seed=5, **kw)
+    (plan,) = da._PLANS.values()
+    assert plan.split.grid[1] == 3 and plan.merge is not None
+    other, other_ref = _case(method, 4, 3, seed=6, **kw)
+    assert len(da._PLANS) == 1
+    assert _rel(first, ref) < TOL and _rel(other, other_ref) < TOL
+    again, _ = _case(method, 4, 3, seed=5, **kw)
+    assert torch.equal(first, again)
+    if DEVICE == "cuda":
+        assert plan.split.compiled is not None and plan.merge.compiled is not None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["affine", "turbo"])
 @pytest.mark.parametrize("S", [1, 17, 4097])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
-           "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton"]
+           "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton",
+           "current_raw_stream"]
 
 
 def dynamo_counters():
@@ -127,3 +128,9 @@ def schedules_with_triton(t: torch.Tensor) -> bool:
     """Whether Inductor generates Triton kernels for tensors on ``t``'s device (every GPU; the CPU
     only with ``cpu_backend="triton"``)."""
     return t.device.type != "cpu" or torch._inductor.config.cpu_backend == "triton"
+
+
+def current_raw_stream(device_index: int) -> int:
+    """The current CUDA stream's handle on ``device_index`` (what Triton's launcher takes), without
+    building a ``torch.cuda.Stream`` object: a batch-1 decode step asks once per layer."""
+    return torch._C._cuda_getCurrentRawStream(device_index)

@@ -24,6 +24,7 @@ merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the o
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from typing import Optional
@@ -32,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import compat
 from ..config import TensorQuantSpec
 from ..quant.rotation import rotation_matrix
 from ..quant.turbo import turbo_centroids
@@ -262,8 +264,7 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, mask_ptr, ring_pos_ptr,
-    po_ptr, pm_ptr, pl_ptr,
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, mask_ptr, ring_pos_ptr, out_ptr, ws_ptr,
     S, n_parts, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
     stride_kcb, stride_kch, stride_kcs,
@@ -277,7 +278,7 @@ def _decode_split_kernel(
     K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
-    RING_W: tl.constexpr,
+    RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -285,6 +286,17 @@ def _decode_split_kernel(
     tl.static_assert(VP * VPW >= D)
     tl.static_assert(KPW >= 16)
     tl.static_assert(VPW >= 16)
+    # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
+    # reinterpreting the pointers here spares a tensor view per buffer and call on the host
+    if K_BITS != 3:
+        kc_ptr = kc_ptr.to(tl.pointer_type(tl.int16))
+    if V_BITS != 3:
+        vc_ptr = vc_ptr.to(tl.pointer_type(tl.int16))
+    km_ptr = km_ptr.to(tl.pointer_type(K_META))
+    vm_ptr = vm_ptr.to(tl.pointer_type(V_META))
+    if MASK_BOOL:
+        mask_ptr = mask_ptr.to(tl.pointer_type(tl.uint8))
+    po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0) * (G * L), n_parts, VP * VPW)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid_bh // HKV).to(tl.int64)
@@ -400,8 +412,8 @@ def _decode_split_kernel(
             a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a7 * alpha[:, None])
 
     W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
-    if FINAL:  # one split: normalise here and skip the merge launch
-        out_row = po_ptr + ((b * HKV * G + qh) * L + ql)[:, None] * D
+    if FINAL:  # one split: normalise here, no partials
+        out_row = out_ptr + ((b * HKV * G + qh) * L + ql)[:, None] * D
         inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # every key masked: 0, as the oracle
         z_c = (z_acc * inv)[:, None]
         inv = inv[:, None]
@@ -426,13 +438,26 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, rot_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
+def _workspace(ws_ptr, n_rows, n_parts, PO_W: tl.constexpr):
+    """The split kernel's partials in one allocation: outputs ``[rows, n_parts, PO_W]``, then the
+    running maxima and the normalisers ``[rows, n_parts]`` each (one allocation per call, not three)."""
+    n_rp = n_rows.to(tl.int64) * n_parts
+    pm_ptr = ws_ptr + n_rp * PO_W
+    return ws_ptr, pm_ptr, pm_ptr + n_rp
+
+
+@triton.jit
+def _merge_splits_kernel(ws_ptr, rot_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr, ROTATE: tl.constexpr,
-                         ROT_J: tl.constexpr = 32):
+                         ROT_J: tl.constexpr):
     """One output row from its splits' (max in log2 units, normaliser, unnormalised output).
 
+    A kernel of its own, one program per row: merged by the split kernel's last program instead
+    (one launch), 32K affine 4-bit ran 152 µs against 117 (its registers crossed 128, one program
+    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01).
     ``ROTATE`` (turbo values): the parts are in the rotated domain; the row leaves as
     ``acc @ R`` (``rot_ptr``: ``R [D, D]`` fp32), in fp32, ``ROT_J`` output dims at a time."""
+    po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
     sp_ok = sp < n_splits
@@ -459,14 +484,20 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, rot_ptr, out_ptr, n_splits, D: 
 def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
              hkv: int) -> Optional[str]:
     """None if the kernel handles this call, else the reason it does not."""
-    if q.shape[2] > MAX_QUERY_LEN:
-        return f"query length {q.shape[2]} > {MAX_QUERY_LEN} (prefill)"
+    return _unsupported(q.shape[1], q.shape[2], k_spec, v_spec, head_dim, v_head_dim, hkv)
+
+
+@functools.lru_cache(maxsize=1024)  # asked once per layer and decode step
+def _unsupported(hq: int, lq: int, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
+                 hkv: int) -> Optional[str]:
+    if lq > MAX_QUERY_LEN:
+        return f"query length {lq} > {MAX_QUERY_LEN} (prefill)"
     if head_dim != v_head_dim:
         return "K and V head dims differ"
     for spec in (k_spec, v_spec):
         if spec.method == "affine" and spec.resolved_group_size(head_dim) != head_dim:
             return f"affine group_size={spec.group_size} < head_dim"
-    if q.shape[1] % hkv:
+    if hq % hkv:
         return "query heads are not a multiple of KV heads"
     for spec, d in ((k_spec, head_dim), (v_spec, v_head_dim)):
         if spec.bits != 3 and (d * spec.bits) % 16:
@@ -520,15 +551,6 @@ def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
 
-def _meta_pairs(meta: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
-    return meta if meta.is_floating_point() else meta.view(spec.metadata_dtype)
-
-
-def _as_words(codes: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
-    """2/4/8-bit rows as int16 words (see :func:`_planes`); 3-bit rows stay bytes."""
-    return codes if spec.bits == 3 else codes.view(torch.int16)
-
-
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
     """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; one copy per
     device, see :func:`turboquant.quant.constants.as_constant`); a placeholder pointer for affine."""
@@ -567,35 +589,68 @@ def _pow2(n: int) -> int:  # n >= 1
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
-                     v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
-                     attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-                     softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                     num_warps: int = 4, num_stages: Optional[int] = None, programs_per_sm: int = 8,
-                     use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
-                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
-                     min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None) -> torch.Tensor:
-    """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
-    in ``q``'s dtype.
+def _meta_dtype(meta: torch.Tensor, spec: TensorQuantSpec) -> torch.dtype:
+    """What the kernel reads the metadata as: affine rows keep (scale, zero) as one integer word
+    whose bytes are the pair (:func:`turboquant.quant.affine.metadata_word`)."""
+    return meta.dtype if meta.is_floating_point() else spec.metadata_dtype
 
-    ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
-    the positions the ring holds; their dense attention is one more partial, merged by the
-    splits' merge (log-sum-exp), so the ring never widens the kernel. ``maxnreg``: a register cap for
-    the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
-    slower than none).
-    """
-    q_in = q
+
+def _strides(t: torch.Tensor, elem: torch.dtype, n: int = 3) -> tuple:
+    """``t``'s first ``n`` strides in units of ``elem`` (the type the kernel reinterprets it as)."""
+    f = t.element_size() / (torch.finfo(elem).bits // 8 if elem.is_floating_point else torch.iinfo(elem).bits // 8)
+    return tuple(int(x * f) for x in t.stride()[:n])
+
+
+_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_PLANS: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
+_MAX_PLANS = 256  # one per call shape; a generation uses a handful
+
+
+class _Launch:
+    """One kernel's launch in a plan: grid, launch options, the arguments after the tensors (static
+    per shape), and the compiled kernel once the first call built it."""
+
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled")
+
+    def __init__(self, kernel, grid, tail, options):
+        grid = (*grid, 1, 1)[:3]  # the launcher takes three dimensions
+        self.kernel, self.grid, self.tail, self.options, self.compiled = kernel, grid, tail, options, None
+
+    def __call__(self, stream, *tensors) -> None:
+        """The compiled kernel launched directly, as the JIT would launch it: the JIT's argument
+        binding and specialisation cost the host more than the launch itself (50 µs against 17 for
+        the split kernel on the H200's host). The first call goes through the JIT, which compiles.
+        A plan's key holds every value the JIT specialises on (integers exactly, pointer alignment),
+        so the kernel compiled for the first call serves them all."""
+        args = tensors + self.tail
+        ck = self.compiled
+        if ck is None:
+            ck = self.kernel[self.grid](*args, **self.options)
+            if isinstance(ck, triton.compiler.CompiledKernel):  # None under TRITON_INTERPRET
+                self.compiled = ck
+            return
+        hooks = triton.knobs.runtime
+        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, ck.launch_metadata(self.grid, stream, *args),
+               hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+
+
+class _Plan:
+    """Everything a call of one shape needs but the tensors: the split kernel's and the merge
+    kernel's launches, the output's shape, the workspace's size and the constant tables. A batch-1
+    decode step is host-bound and runs one call per layer; with a plan a call costs a dictionary
+    lookup, two allocations and the launches."""
+
+    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "rotation", "split", "merge")
+
+
+def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
+               tuning):
+    block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
-    scale = D ** -0.5 if scale is None else scale
-    q_dtype = q.dtype
-    q = q.contiguous() if q.stride(-1) != 1 else q  # turbo: the kernel rotates q (see _q_plane)
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
-    # affine rows keep (scale, zero) as one integer word (its bytes are the pair): read the pair
-    k_meta, v_meta = _meta_pairs(k_meta, k_spec), _meta_pairs(v_meta, v_spec)
-    k_words, v_words = _as_words(k_codes, k_spec), _as_words(v_codes, v_spec)
     min_rows = _min_tile_rows(k_spec, v_spec) if min_tile_rows is None else min_tile_rows
     M = min(MAX_TILE_ROWS, max(min_rows, _pow2(G * L)))
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
@@ -616,50 +671,87 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, _cdiv(S, split_blocks * block_n))
-    ring_w = 0 if k_ring is None else k_ring.shape[-2]
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
-    d_pow2 = max(16, _pow2(D))
-    final = n_parts == 1 and not v_turbo  # turbo values are rotated back by the merge kernel
-    out = torch.empty(B, HQ, L, D, device=q.device, dtype=q_dtype)
-    if final:
-        po = out
-        pm = pl = out  # unused
-    else:
-        po = torch.empty(B, HQ, L, n_parts, VP * VPW, device=q.device, dtype=torch.float32)
-        pm = torch.empty(B, HQ, L, n_parts, device=q.device, dtype=torch.float32)
-        pl = torch.empty_like(pm)
-    if ring_w:
-        _ring_part(q_in, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_spec,
-                   po[..., -1, :D], pm[..., -1], pl[..., -1])
-    if attn_mask is not None:
-        # a byte view, not a copy: transformers' [B, 1, L, S] mask would otherwise be copied
-        # per query head at every step (8 MiB a layer at batch 8 and 32K)
-        mask = attn_mask.view(torch.uint8) if attn_mask.dtype == torch.bool else attn_mask
-        strides = mask.expand(B, HQ, L, S).stride()
-    else:
-        mask, strides = q, (0, 0, 0, 0)
-    _decode_split_kernel[(B * HKV, num_splits, _cdiv(G * L, M))](
-        q, k_words, k_meta, v_words, v_meta, _lut(k_spec, D, q), _lut(v_spec, D, q),
-        _rotation(k_spec, D, q), mask,
-        ring_pos if ring_w else q, po, pm, pl,
-        S, n_parts, float(scale), float(softcap or 0.0),
-        q.stride(0), q.stride(1), q.stride(2),
-        k_words.stride(0), k_words.stride(1), k_words.stride(2),
-        k_meta.stride(0), k_meta.stride(1), k_meta.stride(2),
-        v_words.stride(0), v_words.stride(1), v_words.stride(2),
-        v_meta.stride(0), v_meta.stride(1), v_meta.stride(2),
-        *strides,
-        HKV=HKV, G=G, L=L, M=M, D=D, DQ=d_pow2, BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+    k_meta_t, v_meta_t = _meta_dtype(k_meta, k_spec), _meta_dtype(v_meta, v_spec)
+    k_word = torch.uint8 if k_spec.bits == 3 else torch.int16
+    v_word = torch.uint8 if v_spec.bits == 3 else torch.int16
+    final = n_parts == 1 and not v_turbo  # one split normalises in place; turbo values are rotated back by the merge
+    plan = _Plan()
+    plan.out_shape = (B, HQ, L, D)
+    plan.n_parts = n_parts
+    plan.ws_numel = 0 if final else B * HQ * L * n_parts * (VP * VPW + 2)
+    plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q))
+    plan.rotation = _rotation(v_spec, D, q)
+    mask_strides = (0, 0, 0, 0) if attn_mask is None else attn_mask.expand(B, HQ, L, S).stride()
+    strides = (*q.stride()[:3], *_strides(k_codes, k_word), *_strides(k_meta, k_meta_t), *_strides(v_codes, v_word),
+               *_strides(v_meta, v_meta_t), *mask_strides)
+    consts = dict(
+        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
-        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, num_warps=num_warps,
-        num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}),
-    )
-    if not final:
-        _merge_splits_kernel[(B * HQ * L,)](po, pm, pl, _rotation(v_spec, D, q), out, n_parts, D=D, PO_W=VP * VPW,
-                                            BLOCK_D=d_pow2,
-                                            BLOCK_SPLITS=max(2, _pow2(n_parts)), ROTATE=v_turbo)
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t])
+    names = _decode_split_kernel.arg_names
+    tail = (S, n_parts, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
+    assert len(names) == 12 + len(tail), "the split launch's arguments follow the kernel's signature"
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
+    plan.merge = None if final else _Launch(
+        _merge_splits_kernel, (B * HQ * L,),
+        (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts)), v_turbo, 32), {})
+    return plan
+
+
+def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,
+                     v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
+                     attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
+                     softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
+                     num_warps: int = 4, num_stages: Optional[int] = None, programs_per_sm: int = 8,
+                     use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
+                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
+                     min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None) -> torch.Tensor:
+    """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
+    in ``q``'s dtype.
+
+    ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
+    the positions the ring holds; their dense attention is one more partial, merged by the
+    splits' merge (log-sum-exp), so the ring never widens the kernel. ``maxnreg``: a register cap for
+    the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
+    slower than none).
+    """
+    if q.stride(-1) != 1:
+        q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    ring_w = 0 if k_ring is None else k_ring.shape[-2]
+    tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg)
+    mask_t = q if attn_mask is None else attn_mask  # a placeholder pointer when there is no mask
+    tensors = (q, k_codes, k_meta, v_codes, v_meta, mask_t)
+    device = q.get_device()
+    key = (q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape, k_meta.stride(),
+           k_meta.dtype, v_codes.shape, v_codes.stride(), v_meta.shape, v_meta.stride(), v_meta.dtype, k_spec,
+           v_spec, None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype),
+           bool(is_causal), softcap, scale, ring_w, tuning, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w,
+                          scale, tuning)
+        _PLANS[key] = plan
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    out = torch.empty(plan.out_shape, device=q.device, dtype=q.dtype)
+    ws = out if plan.merge is None else torch.empty(plan.ws_numel, device=q.device, dtype=torch.float32)
+    if ring_w:
+        B, HQ, L, D = q.shape
+        n_rp = B * HQ * L * plan.n_parts
+        po = ws[: plan.ws_numel - 2 * n_rp].view(B, HQ, L, plan.n_parts, -1)
+        pm = ws[po.numel(): po.numel() + n_rp].view(B, HQ, L, plan.n_parts)
+        pl = ws[po.numel() + n_rp:].view(B, HQ, L, plan.n_parts)
+        _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap, v_spec,
+                   po[..., -1, :D], pm[..., -1], pl[..., -1])
+    stream = compat.current_raw_stream(device) if device >= 0 else None
+    plan.split(stream, *tensors[:5], *plan.tables, mask_t, ring_pos if ring_w else q, out, ws)
+    if plan.merge is not None:
+        plan.merge(stream, ws, plan.rotation, out)
     return out
