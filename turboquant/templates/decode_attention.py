@@ -726,8 +726,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg)
-    mask_t = q if attn_mask is None else attn_mask  # a placeholder pointer when there is no mask
-    tensors = (q, k_codes, k_meta, v_codes, v_meta, mask_t)
+    # q stands in as the pointer of an absent mask or ring
+    tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
     key = (q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape, k_meta.stride(),
            k_meta.dtype, v_codes.shape, v_codes.stride(), v_meta.shape, v_meta.stride(), v_meta.dtype, k_spec,
@@ -751,7 +751,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap, v_spec,
                    po[..., -1, :D], pm[..., -1], pl[..., -1])
     stream = compat.current_raw_stream(device) if device >= 0 else None
-    plan.split(stream, *tensors[:5], *plan.tables, mask_t, ring_pos if ring_w else q, out, ws)
+    plan.split(stream, *tensors[:5], *plan.tables, *tensors[5:], out, ws)
     if plan.merge is not None:
         plan.merge(stream, ws, plan.rotation, out)
     return out
