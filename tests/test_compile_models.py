@@ -562,6 +562,30 @@ def test_quantize_on_write_launches_no_kernel_of_its_own(device, backend, bits):
         assert len(writes) == 4, quantized_kernels
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_turbo_write_is_one_kernel_after_its_rotation(bits):
+    """Inductor's Triton schedule of the gpt-fast-style decode step (CPU tensors, never compiled):
+    a turbo cache write is the rotation's matmul between two kernels, the norm before and one
+    kernel after that searches the codebook, packs and stores codes and norm. No kernel copies a
+    constant (the rotation's copy is folded away), so the step launches as many Triton kernels
+    as dense; the rotations are the matmuls it adds."""
+    torch.manual_seed(0)
+    base = GptFast().eval()
+    dense = copy.deepcopy(base)
+    dense.forward = torch.compile(dense.forward)
+    dense_kernels = _decode_step_kernels(dense, "cpu", "triton")
+    torch._dynamo.reset()
+    dynamo_counters().clear()
+    quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=bits, method="turbo"),
+                                             "cpu", "triton")
+    torch._dynamo.reset()
+    assert not any("lift_fresh" in k for k in quantized_kernels), quantized_kernels
+    assert dynamo_counters()["turboquant"]["constant_copies_folded"] >= 4
+    writes = [k for k in quantized_kernels if "index_put" in k]
+    assert len(writes) == 4 and all("bitwise_or" in k for k in writes), quantized_kernels  # packed where stored
+    assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
+
+
 def test_forward_in_grad_mode_runs_without_gradient_and_warns_once():
     """Evaluation loops often call the model without torch.no_grad(): tracing a backward through
     the quantized cache's writes cannot work, so the forward runs under no_grad, said once."""

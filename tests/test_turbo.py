@@ -124,3 +124,32 @@ def test_rescaled_norm_keeps_the_norm_and_the_paper_norm_shrinks_it(bits):
 def test_rescale_norm_is_turbo_only():
     with pytest.raises(ValueError, match="method=.turbo. only"):
         KVQuantConfig(method="affine", rescale_norm=False)
+
+
+@given(d=st.sampled_from([32, 64, 80, 128]), bits=st.sampled_from([2, 3, 4]), rows=st.integers(1, 17),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), rescale=st.booleans(),
+       poison=st.booleans(), seed=st.integers(0, 2**16))
+def test_packed_form_is_the_oracle_encoding(d, bits, rows, dtype, rescale, poison, seed):
+    """``turbo_quantize_packed`` (the form a compiled cache write fuses) gives the oracle's codes,
+    packed, and its norm up to the rounding of a sum taken in another order."""
+    from turboquant.quant.packing import pack_codes
+    from turboquant.quant.turbo import turbo_quantize, turbo_quantize_packed
+
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, 3, d, generator=gen) * 4).to(dtype)
+    if poison:
+        x[0, 1, d // 2] = float("nan")
+        x[-1, 0, 0] = float("inf")
+    codes, meta = turbo_quantize(x, bits, 0, torch.float16, rescale)
+    packed, norm = turbo_quantize_packed(x, bits, 0, torch.float16, rescale)
+    assert torch.equal(packed, pack_codes(codes, bits))
+    assert norm.shape == meta.shape and norm.dtype == meta.dtype
+    rel = ((norm.float() - meta.float()).abs() / meta.float().clamp_min(1e-30)).max()
+    assert rel <= 2 ** -10  # one fp16 step at most
+
+
+def test_packed_form_refuses_eight_bits():
+    from turboquant.quant.turbo import turbo_quantize_packed
+
+    with pytest.raises(ValueError, match="bits=8"):
+        turbo_quantize_packed(torch.zeros(1, 64), 8, 0, torch.float16)

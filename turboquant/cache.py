@@ -48,6 +48,7 @@ from .compat import schedules_with_triton
 from .config import TensorQuantSpec
 from .ops import decode_buffers, overlay_ring, spec_args
 from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
+from .quant.turbo import turbo_quantize_packed
 from .quant.packed import encode, metadata_shape
 from .quant.packing import pack_codes, packed_size
 
@@ -251,6 +252,9 @@ def _encode_rows(x: torch.Tensor, spec: TensorQuantSpec):
             return affine_quantize_packed(x, spec.bits, spec.metadata_dtype)
         codes, meta = encode(x, spec)
         return pack_codes(codes, spec.bits), metadata_word(meta[..., 0, 0], meta[..., 0, 1]).unsqueeze(-1)
+    if spec.method == "turbo" and spec.bits <= 4 and schedules_with_triton(x):
+        # after the rotation's matmul, one Triton kernel per cache write (see turbo_quantize_packed)
+        return turbo_quantize_packed(x, spec.bits, spec.seed, spec.metadata_dtype, spec.rescale_norm)
     codes, meta = encode(x, spec)
     return pack_codes(codes, spec.bits), meta.reshape(*x.shape[:-1], -1)
 

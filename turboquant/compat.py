@@ -6,7 +6,7 @@ import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
            "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton",
-           "current_raw_stream"]
+           "current_raw_stream", "custom_graph_pass_base", "source_hash"]
 
 
 def dynamo_counters():
@@ -16,14 +16,18 @@ def dynamo_counters():
     return counters
 
 
-def inductor_compile(gm, example_inputs, mode=None):
-    """Compile a Dynamo graph with Inductor as ``torch.compile(mode=...)`` would."""
+def inductor_compile(gm, example_inputs, mode=None, post_grad_pass=None):
+    """Compile a Dynamo graph with Inductor as ``torch.compile(mode=...)`` would; ``post_grad_pass``
+    (a :func:`custom_graph_pass_base` instance) runs first on the post-grad graph, unless the
+    caller's configuration already names a pass there."""
     from torch._inductor.compile_fx import compile_fx
 
     patches = {}
     if mode not in (None, "default"):
         patches = dict(torch._inductor.list_mode_options(mode))
     patches.update(_eager_numerics())
+    if post_grad_pass is not None and torch._inductor.config.post_grad_custom_pre_pass is None:
+        patches["post_grad_custom_pre_pass"] = post_grad_pass
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
@@ -134,3 +138,17 @@ def current_raw_stream(device_index: int) -> int:
     """The current CUDA stream's handle on ``device_index`` (what Triton's launcher takes), without
     building a ``torch.cuda.Stream`` object: a batch-1 decode step asks once per layer."""
     return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def custom_graph_pass_base():
+    """Inductor's ``CustomGraphPass`` (a pass with a ``uuid()``, so the FX graph cache can key on it)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    return CustomGraphPass
+
+
+def source_hash(path: str) -> bytes:
+    """A hash of a source file, as Inductor keys custom passes."""
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    return get_hash_for_files((path,))

@@ -35,11 +35,14 @@ from .compat import dynamo_counters, inductor_compile
 from .config import KVQuantConfig
 from .integrations import transformers as hf
 from .passes import find_kv_sites, rewrite_eager_attention
+from .passes.constant_copies import FoldConstantCopies
 
 __all__ = ["compile", "turboquant_backend", "report", "Report", "LayerReport", "CompileState", "cache_nbytes"]
 
 _COMPILE_KWARGS = ("mode", "fullgraph", "dynamic")
 _WARNED: set = set()
+
+_FOLD_CONSTANT_COPIES = FoldConstantCopies()  # one instance: the FX graph cache keys on its uuid()
 
 
 def _warn_once(msg: str) -> None:
@@ -225,7 +228,7 @@ def _backend(gm, example_inputs, state: CompileState):
     # the bare backend has no wrapper around the model's call: a graph over a quantized cache
     # traced in grad mode is compiled (AOTAutograd: no joint graph) and run under no_grad here
     with state.inference_only(quantized):
-        compiled = inductor_compile(gm, example_inputs, mode=state.mode)
+        compiled = inductor_compile(gm, example_inputs, mode=state.mode, post_grad_pass=_FOLD_CONSTANT_COPIES)
     return _inference_only(compiled, state, quantized)
 
 

@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-__all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
+__all__ = ["slot_owners", "CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
            "pack_sources"]
 
 # codes per byte block and bytes per block for each width
@@ -113,6 +113,23 @@ def byte_sources(x: torch.Tensor, bits: int) -> list:
             src = v if src is None else torch.where(plane == k, v, src)
         slots.append(src)
     return slots
+
+
+def slot_owners(bits: int, device=None) -> list:
+    """Per slot of :func:`byte_sources`, a bool ``[P, 1]``: whether the slot's element puts its
+    code's lowest bit into that byte plane. Each element owns exactly one slot entry (3-bit codes
+    that straddle two bytes and the padding of short planes appear twice), so a sum over the
+    slots masked by their owners visits every element once."""
+    table = _source_table(bits)
+    plane = torch.arange(len(table), device=device)[:, None]  # a select over planes: no tensor constant
+    owners = []
+    for i in range(len(table[0])):
+        own = None
+        for k in range(len(table)):
+            if 0 <= table[k][i][1] < 8:
+                own = plane == k if own is None else own | (plane == k)
+        owners.append(own)
+    return owners
 
 
 def pack_sources(codes: list, bits: int) -> torch.Tensor:

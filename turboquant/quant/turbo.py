@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import torch
 
-from .affine import _work_dtype, to_metadata
+import functools
+
+from ..compat import real_tensor_mode
+from .affine import _finite, _work_dtype, to_metadata
 from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
+from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import rotation_matrix
 
-__all__ = ["turbo_quantize", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
+__all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -42,11 +46,8 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
     """Quantize ``x [..., D]``; returns ``codes uint8 [..., D]`` and ``meta [..., 1]``: the norm, divided
     by the decoded unit vector's norm when ``rescale_norm`` (the decoded vector keeps ``‖x‖``)."""
     d = x.shape[-1]
-    xw = x.to(_work_dtype(x))
-    xw = torch.where(torch.isfinite(xw), xw, torch.zeros((), dtype=xw.dtype, device=xw.device))
-    norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
-    unit = xw / torch.where(norm > 0, norm, torch.ones_like(norm))
-    z = turbo_rotate(unit, seed) * d ** 0.5
+    xw = _finite(x)
+    norm, z = _rotated(xw, seed)
     bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
     codes = torch.bucketize(z, bounds).to(torch.uint8)
     if rescale_norm:  # ‖ŷ‖ is the rotation-free norm of the centroids the codes pick
@@ -54,6 +55,53 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
         y_norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
     return codes, to_metadata(norm, metadata_dtype)
+
+
+def _rotated(xw: torch.Tensor, seed: int):
+    """``(‖x‖, z)``: the norm and the rotated unit vector in units of ``1/√d``."""
+    norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
+    unit = xw / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return norm, turbo_rotate(unit, seed) * xw.shape[-1] ** 0.5
+
+
+@functools.lru_cache(maxsize=None)
+def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
+    """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
+    :func:`turbo_quantize` compares with and looks up in ``dtype``."""
+    with real_tensor_mode():  # first asked while a compiler traces with fake tensors
+        bounds = codebook_boundaries(d, bits).to(dtype)
+        cents = lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
+        return tuple(bounds.tolist()), tuple(cents.tolist())
+
+
+def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
+    """:func:`turbo_quantize` with its codes packed (``uint8 [..., packed_size(D, bits)]``, meta
+    ``[..., 1]``), in the form Inductor's Triton backend fuses into the one kernel that stores a
+    cache row after the rotation's matmul (2, 3 and 4 bits).
+
+    The codes come out in the packed row's iteration space (:func:`~.packing.byte_sources`), the
+    codebook search is comparisons with the boundaries and the centroid lookup a select over the
+    centroids, all as literals: no table is a tensor the compiled step would copy first. The codes
+    are :func:`turbo_quantize`'s; the stored norm differs by rounding only (the decoded norm sums
+    in another order).
+    """
+    if bits > 4:
+        raise ValueError(f"bits={bits}: the packed form serves 2, 3 and 4 bits (8-bit codes are bytes already)")
+    xw = _finite(x)
+    norm, z = _rotated(xw, seed)
+    bounds, cents = _codebook_numbers(x.shape[-1], bits, xw.dtype)
+    slots = byte_sources(z, bits)
+    # bucketize's code (ties to the lower): the number of boundaries strictly below
+    codes = [sum((v > b).to(torch.int32) for b in bounds) for v in slots]
+    if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
+        y2 = 0
+        for own, c in zip(slot_owners(bits, x.device), codes):
+            y = functools.reduce(lambda acc, k: torch.where(c == k, cents[k], acc), range(1, len(cents)),
+                                 torch.full_like(z[..., :1, None], cents[0]).expand(c.shape))
+            y2 = y2 + torch.where(own, y * y, 0.0)
+        y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
+        norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
+    return pack_sources(codes, bits), to_metadata(norm, metadata_dtype)
 
 
 def turbo_dequantize(codes: torch.Tensor, meta: torch.Tensor, bits: int, seed: int,
