@@ -122,3 +122,31 @@ def test_softcap_oracle():
 
     torch.testing.assert_close(folded_attention(q, kq, vq, scale=0.125, softcap=5.0),
                                reference_attention(q, kq, vq, scale=0.125, softcap=5.0), atol=1e-10, rtol=0)
+
+
+def _constant_copy_graph(mutate: bool):
+    import torch.fx as fx
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    const = g.get_attr("_tensor_constant0")
+    copy = g.call_function(torch.ops.aten.lift_fresh_copy.default, (const,))
+    rt = g.call_function(torch.ops.aten.permute.default, (copy, [1, 0]))
+    if mutate:
+        g.call_function(torch.ops.aten.add_.Tensor, (rt, 1.0))
+    g.output(g.call_function(torch.ops.aten.mm.default, (x, rt)))
+    return g
+
+
+@pytest.mark.parametrize("mutate", [False, True])
+def test_a_copy_of_a_constant_is_folded_only_where_nothing_writes_it(mutate):
+    from turboquant.compat import dynamo_counters
+    from turboquant.passes import FoldConstantCopies
+
+    g = _constant_copy_graph(mutate)
+    dynamo_counters().clear()
+    FoldConstantCopies()(g)
+    copies = [n for n in g.nodes if n.target is torch.ops.aten.lift_fresh_copy.default]
+    assert len(copies) == (1 if mutate else 0)
+    assert dynamo_counters()["turboquant"]["constant_copies_folded"] == (0 if mutate else 1)
+    assert isinstance(FoldConstantCopies().uuid(), (bytes, str))

@@ -28,10 +28,12 @@ def _only_read(node: fx.Node) -> bool:
     for user in node.users:
         if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
             return False  # the graph's output, or something this pass cannot see into
-        if user.target._schema.is_mutable:
+        schema = user.target._schema
+        if schema.is_mutable:
             return False
-        if user.target in _VIEWS and not _only_read(user):
-            return False
+        if any(r.alias_info is not None for r in schema.returns):  # a view: its users count too
+            if user.target not in _VIEWS or not _only_read(user):
+                return False
     return True
 
 
