@@ -579,7 +579,8 @@ def test_turbo_write_is_one_kernel_after_its_rotation(bits):
     quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=bits, method="turbo"),
                                              "cpu", "triton")
     torch._dynamo.reset()
-    assert not any("lift_fresh" in k for k in quantized_kernels), quantized_kernels
+    # a kernel of its own that copies a constant (a fused kernel that reads one names it too)
+    assert not any(re.fullmatch(r"triton_poi_fused_lift_fresh_\d+", k) for k in quantized_kernels), quantized_kernels
     assert dynamo_counters()["turboquant"]["constant_copies_folded"] >= 4
     writes = [k for k in quantized_kernels if "index_put" in k]
     assert len(writes) == 4 and all("bitwise_or" in k for k in writes), quantized_kernels  # packed where stored

@@ -1,11 +1,11 @@
-"""Inductor post-grad pass: a copy of a graph constant that nothing writes is the constant itself.
+"""Inductor post-grad pass: a copy of a graph constant that is only a matmul operand is the constant.
 
 A quantized cache's numeric tables (turbo's rotation) enter a compiled graph while AOTAutograd
 traces the cache's writes with fake tensors, as ``torch.tensor(...)``: a constant behind
 ``lift_fresh_copy``. Inductor lowers that to a copy, so every call of the compiled step launched
 one kernel per cache write only to copy its rotation (a turbo decode step of the gpt-fast-style
 test model: 16 Triton launches, 12 without the copies). When no user of the copy (or of a view of
-it) mutates it and no output aliases it, the copy is the constant.
+it) does more than read it as a matmul operand, the copy is the constant.
 """
 
 from __future__ import annotations
@@ -21,25 +21,28 @@ aten = torch.ops.aten
 _VIEWS = {aten.permute.default, aten.t.default, aten.transpose.int, aten.view.default, aten.expand.default,
           aten.unsqueeze.default, aten.reshape.default, aten._unsafe_view.default, aten.slice.Tensor,
           aten.select.int}
+_MATMULS = {aten.mm.default, aten.bmm.default, aten.addmm.default}
 
 
 def _only_read(node: fx.Node) -> bool:
-    """Whether every use of ``node`` (through views) reads it: no mutation, no graph output."""
+    """Whether every use of ``node`` (through views) is a matmul operand: read, never written, not
+    returned. Matmuls only: Inductor lowers them as library calls that take a constant buffer as
+    it is, where some lowerings of other ops (``bucketize``, seen) evaluate their inputs with fake
+    tensors and fail on a real constant."""
     for user in node.users:
         if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
             return False  # the graph's output, or something this pass cannot see into
-        schema = user.target._schema
-        if schema.is_mutable:
-            return False
-        if any(r.alias_info is not None for r in schema.returns):  # a view: its users count too
-            if user.target not in _VIEWS or not _only_read(user):
+        if user.target in _VIEWS:
+            if not _only_read(user):
                 return False
+        elif user.target not in _MATMULS:
+            return False
     return True
 
 
 class FoldConstantCopies(custom_graph_pass_base()):
-    """Replace ``lift_fresh_copy(constant)`` by ``constant`` where the copy is only read (counter:
-    ``dynamo_counters()["turboquant"]["constant_copies_folded"]``)."""
+    """Replace ``lift_fresh_copy(constant)`` by ``constant`` where the copy is only a matmul
+    operand (counter: ``dynamo_counters()["turboquant"]["constant_copies_folded"]``)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         for node in list(graph.nodes):
