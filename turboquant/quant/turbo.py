@@ -97,7 +97,7 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
         y2 = 0
         for own, c in zip(slot_owners(bits, x.device), codes):
             y = functools.reduce(lambda acc, k: torch.where(c == k, cents[k], acc), range(1, len(cents)),
-                                 torch.full_like(z[..., :1, None], cents[0]).expand(c.shape))
+                                 torch.full_like(c, cents[0], dtype=z.dtype))
             y2 = y2 + torch.where(own, y * y, 0.0)
         y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))

@@ -505,15 +505,16 @@ def _unsupported(hq: int, lq: int, k_spec: TensorQuantSpec, v_spec: TensorQuantS
     return None
 
 
-def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_spec, po, pm, pl):
+def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_rotation, po, pm, pl):
     """The ring's partial, written into the last part: unnormalised output (turbo values in the
-    rotated domain, as the kernel's parts), running max in log2 units, normaliser."""
-    B, HQ, L, D = q.shape
+    rotated domain, as the kernel's parts: ``v_rotation`` is their ``R``, None for affine), running
+    max in log2 units, normaliser."""
+    B, HQ, L = q.shape[:3]
     g = HQ // k_ring.shape[1]
     kr = k_ring.float().repeat_interleave(g, 1)
     vr = v_ring.float().repeat_interleave(g, 1)
-    if v_spec.method == "turbo":
-        vr = vr @ _rotation(v_spec, D, q).T
+    if v_rotation is not None:
+        vr = vr @ v_rotation.T
     s = (q.float() @ kr.transpose(-1, -2)) * scale                     # [B, Hq, L, W]
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -597,8 +598,7 @@ def _meta_dtype(meta: torch.Tensor, spec: TensorQuantSpec) -> torch.dtype:
 
 def _strides(t: torch.Tensor, elem: torch.dtype, n: int = 3) -> tuple:
     """``t``'s first ``n`` strides in units of ``elem`` (the type the kernel reinterprets it as)."""
-    f = t.element_size() / (torch.finfo(elem).bits // 8 if elem.is_floating_point else torch.iinfo(elem).bits // 8)
-    return tuple(int(x * f) for x in t.stride()[:n])
+    return tuple(x * t.element_size() // elem.itemsize for x in t.stride()[:n])
 
 
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -748,8 +748,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         po = ws[: plan.ws_numel - 2 * n_rp].view(B, HQ, L, plan.n_parts, -1)
         pm = ws[po.numel(): po.numel() + n_rp].view(B, HQ, L, plan.n_parts)
         pl = ws[po.numel() + n_rp:].view(B, HQ, L, plan.n_parts)
-        _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap, v_spec,
-                   po[..., -1, :D], pm[..., -1], pl[..., -1])
+        _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap,
+                   plan.rotation if v_spec.method == "turbo" else None, po[..., -1, :D], pm[..., -1], pl[..., -1])
     stream = compat.current_raw_stream(device) if device >= 0 else None
     plan.split(stream, *tensors[:5], *plan.tables, *tensors[5:], out, ws)
     if plan.merge is not None:
