@@ -99,35 +99,43 @@ def write_path(S=32768, B=8, HKV=8, D=128, bits=(8, 4, 3)):
     return rows
 
 
-def sweep(S=32768, B=8, HQ=32, HKV=8, D=128):
-    """Launch parameters of the decode kernel at one shape (what the defaults were chosen from)."""
-    from turboquant.templates.decode_attention import decode_attention
+def sweep(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
+    """Launch parameters of the decode kernel (what the defaults were chosen from): keys per block,
+    splits of the sequence and pipeline stages, CUDA-graph time of each (query rows per tile stay
+    at their default; ``decode_attention(..., min_tile_rows=)`` sets them)."""
+    import itertools
 
-    q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16)
-    rows_out = []
     import triton.testing as tt
 
-    for method, b in (("affine", 8), ("affine", 4), ("affine", 2), ("turbo", 4)):
-        cfg = KVQuantConfig(method=method, bits=b)
-        kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(k, cfg.spec("v"))
-        nbytes = kc.quantized_nbytes + vc.quantized_nbytes
-        for block_n in (64, 128):
-            for warps in (4, 8):
-                for rows in (4, 16):
-                    fn = lambda: decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D,  # noqa: E731
-                                                  block_n=block_n, num_warps=warps, min_tile_rows=rows)
-                    try:
-                        usg = tt.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
-                    except Exception as e:  # out of resources for this tile
-                        print(f"{method} {b} {block_n} {warps} {rows}: {type(e).__name__}", file=sys.stderr)
-                        continue
-                    rows_out.append({"setting": f"{method} {b}-bit", "block_n": block_n, "warps": warps,
-                                     "min_tile_rows": rows, "us_graph": usg, "GBps_graph": nbytes / usg / 1e3})
+    from turboquant.templates.decode_attention import decode_attention
+
+    rows_out = []
+    for S in contexts:
+        q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16)
+        splits = [None] + [n for n in (2, 4, 8, 16, 32) if n * 64 <= S]
+        for method, b in itertools.product(methods, bits):
+            cfg = KVQuantConfig(method=method, bits=b)
+            kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(k, cfg.spec("v"))
+            nbytes = kc.quantized_nbytes + vc.quantized_nbytes
+            for block_n, n_splits, stages, rows in itertools.product((64, 128), splits, (2, 3), (None,)):
+                fn = lambda: decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D,  # noqa: E731
+                                              block_n=block_n, num_splits=n_splits, num_stages=stages,
+                                              min_tile_rows=rows)
+                try:
+                    usg = tt.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+                except Exception as e:  # out of resources for this tile
+                    print(f"{method} {b} {block_n} {n_splits} {stages} {rows}: {type(e).__name__}", file=sys.stderr)
+                    continue
+                rows_out.append({"context": S, "setting": f"{method} {b}-bit", "block_n": block_n,
+                                 "num_splits": n_splits or "default", "num_stages": stages,
+                                 "min_tile_rows": rows or "default", "us_graph": usg, "GBps_graph": nbytes / usg / 1e3})
+            del kc, vc
     best = {}
     for r in rows_out:
-        if r["setting"] not in best or r["us_graph"] < best[r["setting"]]["us_graph"]:
-            best[r["setting"]] = r
+        key = (r["context"], r["setting"])
+        if key not in best or r["us_graph"] < best[key]["us_graph"]:
+            best[key] = r
     return rows_out, list(best.values())
 
 
@@ -137,15 +145,17 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", default=["affine", "turbo"])
     p.add_argument("--bits", type=int, nargs="+", default=[8, 4, 3, 2])
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--sweep", action="store_true", help="only sweep the kernel's launch parameters at 32K")
+    p.add_argument("--sweep", action="store_true",
+                   help="only sweep the kernel's launch parameters (at --contexts, --methods, --bits)")
     p.add_argument("--no-write-path", action="store_true", help="skip the compiled cache-write timings")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.sweep:
-        rows, best = sweep()
-        cols = ["setting", "block_n", "warps", "min_tile_rows", "us_graph", "GBps_graph"]
+        rows, best = sweep(args.contexts, args.methods, args.bits)
+        cols = ["context", "setting", "block_n", "num_splits", "num_stages", "min_tile_rows", "us_graph",
+                "GBps_graph"]
         write_csv(rows, os.path.join(args.out, "decode_sweep.csv"), cols)
         print(format_table(best, cols))
         return 0

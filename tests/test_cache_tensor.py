@@ -193,6 +193,26 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
     assert torch.equal(want[0], codes) and torch.equal(_flat_meta(want[1], spec), meta)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_compiled_turbo_quantize_on_write_is_the_eager_encoding(bits, dtype, device):
+    """A compiled turbo write rotates by a reduction over index-computed signs (no matmul call),
+    eager by a float64 matmul: both round the same sums, so the codes are the eager codes and
+    the stored norm differs at most by the rounding of the norm's own sum (one fp16 step)."""
+    from turboquant.cache import _encode_rows
+
+    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(7)) * 3).to(dtype).to(device)
+    x[0, 0, 0, 0] = float("nan")
+    spec = KVQuantConfig(bits=bits, method="turbo").spec("k")
+    want = _encode_rows(x.cpu(), spec)
+    got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
+    assert torch.equal(got[0].cpu(), want[0])
+    rel = ((got[1].cpu().float() - want[1].float()).abs() / want[1].float().clamp_min(1e-30)).max()
+    assert rel <= 2 ** -10
+
+
 def test_attention_over_the_cache_builds_no_autograd_graph():
     """The attention op is inference-only: with a query that requires grad it attends as usual and
     records nothing to backpropagate (its autograd key falls through; no Python autograd layer)."""

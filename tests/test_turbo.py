@@ -153,3 +153,20 @@ def test_packed_form_refuses_eight_bits():
 
     with pytest.raises(ValueError, match="bits=8"):
         turbo_quantize_packed(torch.zeros(1, 64), 8, 0, torch.float16)
+
+
+@given(logd=st.integers(0, 8), rows=st.integers(1, 9), dtype=st.sampled_from([torch.float32, torch.bfloat16,
+                                                                              torch.float16]),
+       spread=st.floats(0, 12), seed=st.integers(0, 2**16))
+def test_the_index_computed_rotation_is_the_matmul_rotation(logd, rows, dtype, spread, seed):
+    """The two forms of turbo's rotation (a float64 matmul by the signed Hadamard matrix in eager
+    code, a reduction over signs computed from indices in compiled graphs) give equal results in
+    the input's dtype, outliers included: the float64 sums are exact or nearly, then round once."""
+    from turboquant.quant.rotation import signed_hadamard, signed_hadamard_from_index
+
+    d = 1 << logd
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, d, generator=gen) * torch.exp2(torch.rand(rows, d, generator=gen) * spread)).to(dtype)
+    by_matmul = (x.double() @ signed_hadamard(d, seed % 5)).to(dtype)
+    by_reduction = (x.double()[..., :, None] * signed_hadamard_from_index(d, seed % 5)).sum(-2).to(dtype)
+    assert torch.equal(by_matmul, by_reduction)

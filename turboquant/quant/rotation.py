@@ -17,9 +17,10 @@ import functools
 
 import torch
 
+from ..compat import real_tensor_mode
 from .constants import as_constant
 
-__all__ = ["rotation_matrix", "is_power_of_two"]
+__all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "signed_hadamard_from_index"]
 
 
 def is_power_of_two(n: int) -> bool:
@@ -48,3 +49,49 @@ def _rotation_cpu(d: int, seed: int) -> torch.Tensor:
 def rotation_matrix(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:
     """The ``[head_dim, head_dim]`` orthogonal rotation for ``seed`` (see module doc)."""
     return as_constant(_rotation_cpu, int(head_dim), int(seed), device=device, dtype=dtype)
+
+
+def _signed_hadamard_cpu(d: int, seed: int) -> torch.Tensor:
+    # R = H·diag(σ)/√d, so √d·Rᵀ = diag(σ)·H exactly: ±1 entries (H's first row is all ones)
+    return torch.sign(_rotation_cpu(d, seed)[0])[:, None] * _sylvester(d)
+
+
+def signed_hadamard(head_dim: int, seed: int = 0, *, device=None) -> torch.Tensor:
+    """``M = √d · Rᵀ = diag(σ) · H`` (float64, entries ±1) for a power-of-two ``head_dim``:
+    ``x @ M`` is the rotation ``x @ Rᵀ`` times ``√d`` with no rounding in the matrix."""
+    return as_constant(_signed_hadamard_cpu, int(head_dim), int(seed), device=device, dtype=torch.float64)
+
+
+@torch.compiler.assume_constant_result  # Dynamo takes the words as literals (not tracing the seeded draw)
+def _sign_words(d: int, seed: int) -> tuple:
+    """σ's negative entries as 32-bit words (bit ``i mod 32`` of word ``i // 32``)."""
+    return _sign_words_cached(d, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def _sign_words_cached(d: int, seed: int) -> tuple:
+    with real_tensor_mode():  # first asked while a compiler traces with fake tensors
+        negative = [v < 0 for v in _rotation_cpu(d, seed)[0].tolist()]
+    return tuple(sum(1 << b for b in range(32) if i + b < d and negative[i + b]) for i in range(0, d, 32))
+
+
+def signed_hadamard_from_index(head_dim: int, seed: int = 0, *, device=None) -> torch.Tensor:
+    """:func:`signed_hadamard` computed from ``arange`` and integer literals, no tensor constant:
+    inside a compiled graph it is index arithmetic that Inductor inlines into the kernel reading
+    it (``H_ij = (-1)^popcount(i & j)``, σ from literal bit words), so a rotation written as
+    ``(x[..., :, None] * M).sum(-2)`` is one reduction kernel instead of a matmul library call."""
+    d = int(head_dim)
+    if not is_power_of_two(d):
+        raise ValueError(f"head_dim={d}: the signed Hadamard form needs a power of two")
+    i = torch.arange(d, device=device)
+    words = _sign_words(d, int(seed))
+    word = torch.full_like(i, words[0])
+    for k, w in enumerate(words[1:], 1):
+        word = torch.where((i >> 5) == k, w, word)
+    negative = (word >> (i & 31)) & 1
+    p = i[:, None] & i[None, :]
+    shift = 1 << max(0, (d - 1).bit_length() - 1).bit_length()  # fold the index bits down to a parity
+    while shift:
+        p = p ^ (p >> shift)
+        shift >>= 1
+    return (1 - 2 * ((p ^ negative[:, None]) & 1)).to(torch.float64)

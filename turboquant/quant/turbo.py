@@ -21,12 +21,12 @@ import torch
 
 import functools
 
-from ..compat import real_tensor_mode
+from ..compat import real_tensor_mode, tracing_with_fake_tensors
 from .affine import _finite, _work_dtype, to_metadata
 from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .packing import byte_sources, pack_sources, slot_owners
-from .rotation import rotation_matrix
+from .rotation import is_power_of_two, rotation_matrix, signed_hadamard, signed_hadamard_from_index
 
 __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
 
@@ -58,10 +58,39 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
 
 
 def _rotated(xw: torch.Tensor, seed: int):
-    """``(‖x‖, z)``: the norm and the rotated unit vector in units of ``1/√d``."""
-    norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
-    unit = xw / torch.where(norm > 0, norm, torch.ones_like(norm))
-    return norm, turbo_rotate(unit, seed) * xw.shape[-1] ** 0.5
+    """``(‖x‖, z)``: the norm and the rotated unit vector in units of ``1/√d``.
+
+    A power-of-two head_dim rotates by ``M = √d·Rᵀ`` (entries ±1, :func:`~.rotation.signed_hadamard`)
+    and normalises afterwards, both in float64 (:func:`_signed_rotation`, :func:`_normalised`):
+    the sums are then exact or nearly so, and eager code, the packed form and a compiled graph
+    round them to the same ``z`` whatever order they add in. Other head dims rotate the unit
+    vector by the dense ``R``.
+    """
+    d = xw.shape[-1]
+    if not is_power_of_two(d):
+        norm = torch.linalg.vector_norm(xw, dim=-1, keepdim=True)
+        return norm, turbo_rotate(xw / torch.where(norm > 0, norm, torch.ones_like(norm)), seed) * d ** 0.5
+    signed = _signed_rotation(xw, seed)
+    return _normalised(signed, (signed * signed).sum(-1, keepdim=True), d, xw.dtype)
+
+
+def _signed_rotation(xw: torch.Tensor, seed: int) -> torch.Tensor:
+    """``xw @ M`` in float64 (``M = √d·Rᵀ``, power-of-two head_dim). Compiled, it is a reduction over
+    signs computed from indices (:func:`~.rotation.signed_hadamard_from_index`), which Inductor
+    makes one kernel: a matmul there is a library call per cache write (cuBLAS' fp32 GEMM took
+    50 µs per one-token write on the H200). Eager, it is a matmul."""
+    d = xw.shape[-1]
+    if torch.compiler.is_compiling() or tracing_with_fake_tensors():
+        return (xw.double()[..., :, None] * signed_hadamard_from_index(d, seed, device=xw.device)).sum(-2)
+    return xw.double() @ signed_hadamard(d, seed, device=xw.device)  # eager: not the [rows, d, d] product
+
+
+def _normalised(signed: torch.Tensor, sum_sq: torch.Tensor, d: int, dtype: torch.dtype):
+    """``(‖x‖, z)`` in ``dtype`` from :func:`_signed_rotation` (or slots of it) and the row's sum of
+    squares, both float64: ``‖signed‖ = √d·‖x‖`` and ``z = signed·√d/‖signed‖`` (0 for a zero row)."""
+    length = sum_sq.sqrt()
+    inv = torch.where(length > 0, d ** 0.5 / length, torch.zeros_like(length))
+    return (length * d ** -0.5).to(dtype), (signed * inv).to(dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,16 +117,24 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     if bits > 4:
         raise ValueError(f"bits={bits}: the packed form serves 2, 3 and 4 bits (8-bit codes are bytes already)")
     xw = _finite(x)
-    norm, z = _rotated(xw, seed)
-    bounds, cents = _codebook_numbers(x.shape[-1], bits, xw.dtype)
-    slots = byte_sources(z, bits)
+    d, owners = x.shape[-1], slot_owners(bits, x.device)
+    if is_power_of_two(d):  # the norm from the slots, in the kernel that packs (not one of its own)
+        signed = byte_sources(_signed_rotation(xw, seed), bits)
+        sum_sq = functools.reduce(torch.add, [torch.where(own, v * v, 0.0) for own, v in zip(owners, signed)])
+        sum_sq = sum_sq.sum((-2, -1))[..., None, None]
+        slots = [_normalised(v, sum_sq, d, xw.dtype)[1] for v in signed]
+        norm = _normalised(signed[0], sum_sq, d, xw.dtype)[0][..., 0]
+    else:
+        norm, z = _rotated(xw, seed)
+        slots = byte_sources(z, bits)
+    bounds, cents = _codebook_numbers(d, bits, xw.dtype)
     # bucketize's code (ties to the lower): the number of boundaries strictly below
     codes = [sum((v > b).to(torch.int32) for b in bounds) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
         y2 = 0
-        for own, c in zip(slot_owners(bits, x.device), codes):
+        for own, c in zip(owners, codes):
             y = functools.reduce(lambda acc, k: torch.where(c == k, cents[k], acc), range(1, len(cents)),
-                                 torch.full_like(c, cents[0], dtype=z.dtype))
+                                 torch.full_like(c, cents[0], dtype=xw.dtype))
             y2 = y2 + torch.where(own, y * y, 0.0)
         y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
