@@ -136,6 +136,42 @@ def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
 
 
 @pytest.mark.gpu
+def test_a_host_bound_call_is_one_launch_and_a_captured_call_splits():
+    """Outside a CUDA graph a small call (batch 1 decode) runs one split, normalised in the kernel
+    (no merge launch, no partials): its step is bound by the host's launches. Captured into a CUDA
+    graph, the same call splits the sequence over the GPU as usual; both give the oracle's result."""
+    from turboquant.templates import decode_attention as da
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 32, 1, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    cfg = KVQuantConfig(bits=4)
+    kq = quantize_kv(torch.randn(1, 8, 1024, 128, generator=gen).to(DEVICE), cfg)
+    vq = quantize_kv(torch.randn(1, 8, 1024, 128, generator=gen).to(DEVICE), cfg, role="v")
+    m = torch.ones(1, 1, 1, 1024, dtype=torch.bool, device=DEVICE)
+    m[..., :100] = False
+    ref = reference_attention(q, kq, vq, attn_mask=m)
+
+    def call(**kw):
+        return decode_attention(q, kq.codes, kq.meta.flatten(-2), vq.codes, vq.meta.flatten(-2), kq.spec, vq.spec,
+                                128, attn_mask=m, **kw)
+
+    da._PLANS.clear()
+    out = call()
+    (eager_plan,) = da._PLANS.values()
+    assert eager_plan.split.grid[1] == 1 and eager_plan.merge is None
+    call(num_splits=8)  # compiles what the captured call launches (8 splits of 128 keys): no compiling in a capture
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    (captured_plan,) = [p for key, p in da._PLANS.items() if key[0]]  # the key's first entry: captured
+    assert captured_plan.split.grid[1] > 1 and captured_plan.merge is not None
+    assert _rel(out, ref) < TOL and _rel(captured, ref) < TOL
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("method", ["affine", "turbo"])
 @pytest.mark.parametrize("S", [1, 17, 4097])
 def test_full_size_on_gpu(method, S):

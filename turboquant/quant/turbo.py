@@ -93,10 +93,15 @@ def _normalised(signed: torch.Tensor, sum_sq: torch.Tensor, d: int, dtype: torch
     return (length * d ** -0.5).to(dtype), (signed * inv).to(dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result  # literals for Dynamo too (a compiled function calling the packed form)
 def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
     """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
     :func:`turbo_quantize` compares with and looks up in ``dtype``."""
+    return _codebook_numbers_cached(d, bits, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _codebook_numbers_cached(d: int, bits: int, dtype: torch.dtype) -> tuple:
     with real_tensor_mode():  # first asked while a compiler traces with fake tensors
         bounds = codebook_boundaries(d, bits).to(dtype)
         cents = lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5

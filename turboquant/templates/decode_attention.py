@@ -48,6 +48,12 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is o
 # field · 2^-24 exactly (MMA keeps subnormal fp16 operands): one AND per two codes makes MMA
 # operands, with no offset to fold away and no shift for the fields of the low byte. The
 # field's place value (``_field_unit``) is folded into the query (keys) or the output (values).
+# Batch × KV heads × keys at most for which a call outside a CUDA graph runs one split (no merge
+# launch, no partials): at batch 1 a decode step is bound by the host launching kernels (H200,
+# 16-layer 1B model at 1 × 1K: ~0.6 ms of host time per layer against ~10 µs of attention on
+# the GPU), so a launch and an allocation fewer is worth more than the splits' parallelism.
+# A call captured into a CUDA graph launches nothing from the host and splits as usual.
+HOST_BOUND_KEY_ROWS = 1 << 16
 MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, which faults here (H200, Triton 3.6)
 
 
@@ -552,11 +558,13 @@ def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
 
-def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
+def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; one copy per
-    device, see :func:`turboquant.quant.constants.as_constant`); a placeholder pointer for affine."""
+    device, see :func:`turboquant.quant.constants.as_constant`); None for affine (the call passes
+    a placeholder pointer: a plan keeps no tensor of a call, which CUDA graph trees would find
+    alive in their memory pool)."""
     if spec.method != "turbo":
-        return q
+        return None
     return rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32)
 
 
@@ -565,11 +573,11 @@ def _use_asm(q: torch.Tensor) -> bool:
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
-def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> torch.Tensor:
-    """The centroids turbo codes index (one copy per device); affine reads no table (its codes are
-    their own values), so it gets a placeholder pointer."""
+def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """The centroids turbo codes index (one copy per device); None for affine, which reads no table
+    (its codes are their own values; the call passes a placeholder pointer)."""
     if spec.method != "turbo":
-        return q
+        return None
     return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
 
 
@@ -644,7 +652,7 @@ class _Plan:
 
 
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
-               tuning):
+               tuning, capturing):
     block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
@@ -665,6 +673,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # and 64 keys run 855 µs against 1616 at 32K (H200, 2026-12-01); 3 stages are best or equal
         # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4)
         num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) else 3
+    if num_splits is None and q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS:
+        num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
         sms = _multiprocessors(q.device) if q.is_cuda else 4
         num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, block_n)))
@@ -729,14 +739,16 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
-    key = (q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape, k_meta.stride(),
-           k_meta.dtype, v_codes.shape, v_codes.stride(), v_meta.shape, v_meta.stride(), v_meta.dtype, k_spec,
-           v_spec, None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype),
-           bool(is_causal), softcap, scale, ring_w, tuning, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+    capturing = device >= 0 and torch.cuda.is_current_stream_capturing()
+    key = (capturing, q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape,
+           k_meta.stride(), k_meta.dtype, v_codes.shape, v_codes.stride(), v_meta.shape, v_meta.stride(),
+           v_meta.dtype, k_spec, v_spec,
+           None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype), bool(is_causal),
+           softcap, scale, ring_w, tuning, tuple(t.data_ptr() % 16 == 0 for t in tensors))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w,
-                          scale, tuning)
+                          scale, tuning, capturing)
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)
@@ -749,9 +761,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         pm = ws[po.numel(): po.numel() + n_rp].view(B, HQ, L, plan.n_parts)
         pl = ws[po.numel() + n_rp:].view(B, HQ, L, plan.n_parts)
         _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap,
-                   plan.rotation if v_spec.method == "turbo" else None, po[..., -1, :D], pm[..., -1], pl[..., -1])
+                   plan.rotation, po[..., -1, :D], pm[..., -1], pl[..., -1])
     stream = compat.current_raw_stream(device) if device >= 0 else None
-    plan.split(stream, *tensors[:5], *plan.tables, *tensors[5:], out, ws)
+    plan.split(stream, *tensors[:5], *(q if t is None else t for t in plan.tables), *tensors[5:], out, ws)
     if plan.merge is not None:
-        plan.merge(stream, ws, plan.rotation, out)
+        plan.merge(stream, ws, q if plan.rotation is None else plan.rotation, out)
     return out
