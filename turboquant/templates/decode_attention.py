@@ -554,6 +554,21 @@ def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
     return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
 
+def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
+    """Keys a split covers at least. A program's fixed work is large for turbo keys (the query's
+    rotation: R read and three MMAs per plane) and for 3-bit affine (registers for eight planes);
+    at short contexts fewer, longer splits pay. Sweep at 1K, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    µs (H200, 2026-12-01, ``benchmarks/decode_attention.py --sweep``): turbo 4-bit 21.0 at 128 keys
+    per split against 18.9 at 256, turbo 3-bit 34.0 (64) against 23.0 (256), turbo 2-bit 23.3
+    (128) against 22.0 (256); affine 3-bit 13.0 (64) against 11.6 (128). Long contexts split
+    into thousands of keys either way."""
+    if k_spec.method == "turbo" and k_spec.bits <= 4:
+        return 256
+    if k_spec.method == "affine" and k_spec.bits == 3:
+        return 128
+    return block_n
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -677,7 +692,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
         sms = _multiprocessors(q.device) if q.is_cuda else 4
-        num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, block_n)))
+        num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, _cdiv(S, split_blocks * block_n))
