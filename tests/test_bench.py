@@ -58,3 +58,26 @@ def test_static_caches_are_allocated_before_the_compiled_region(setting):
     keys = out.past_key_values.layers[0].keys
     held = [keys.codes, keys.meta] if setting != "bf16" else [keys]
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in held)
+
+
+def test_decode_step_host_breakdown_smoke(tmp_path):
+    """``benchmarks/decode_step_host.py`` on the tiny model (CPU): one row per setting, the parts
+    of a step no larger than the step, the wrapped torch internals restored afterwards."""
+    import importlib.util
+    import pathlib
+
+    import turboquant.templates.decode_attention as kernel
+    from torch._functorch._aot_autograd import subclass_utils
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_step_host.py"
+    spec = importlib.util.spec_from_file_location("decode_step_host", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    unwrap, launcher = subclass_utils.runtime_unwrap_tensor_subclasses, kernel.decode_attention
+    assert bench.main(["--tiny", "--device", "cpu", "--context", "12", "--new-tokens", "4",
+                       "--settings", "bf16", "affine-4", "--out", str(tmp_path)]) == 0
+    assert subclass_utils.runtime_unwrap_tensor_subclasses is unwrap and kernel.decode_attention is launcher
+    rows = {r["setting"]: r for r in csv.DictReader(open(tmp_path / "decode_step_host.csv"))}
+    assert set(rows) == {"bf16", "affine-4"} and float(rows["bf16"]["vs_bf16"]) == 1.0
+    for r in rows.values():
+        assert 0 < float(r["forward_ms"]) <= float(r["ms_per_step"]) * 1.5

@@ -6,7 +6,7 @@ import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
            "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton",
-           "current_raw_stream", "custom_graph_pass_base", "source_hash"]
+           "current_raw_stream", "custom_graph_pass_base", "source_hash", "wrap_aot_subclass_unwrap"]
 
 
 def dynamo_counters():
@@ -152,3 +152,22 @@ def source_hash(path: str) -> bytes:
     from torch._inductor.custom_graph_pass import get_hash_for_files
 
     return get_hash_for_files((path,))
+
+
+def wrap_aot_subclass_unwrap(wrap):
+    """Replace AOTAutograd's runtime unwrapping of tensor-subclass inputs by ``wrap(original)`` (for
+    timing it: torch 2.11 unwraps in Python on every call; later versions generate the code and
+    may not call it). Returns a function that restores the original."""
+    from torch._functorch._aot_autograd import runtime_wrappers, subclass_utils
+
+    original = subclass_utils.runtime_unwrap_tensor_subclasses
+    wrapped = wrap(original)
+    modules = [m for m in (subclass_utils, runtime_wrappers) if hasattr(m, "runtime_unwrap_tensor_subclasses")]
+    for m in modules:
+        m.runtime_unwrap_tensor_subclasses = wrapped
+
+    def restore():
+        for m in modules:
+            m.runtime_unwrap_tensor_subclasses = original
+
+    return restore

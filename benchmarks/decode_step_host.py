@@ -1,0 +1,112 @@
+"""Where does a batch-1 decode step's time go on the host? (GPU)
+
+    python benchmarks/decode_step_host.py                          # bf16, affine-4, turbo-4 at 1 x 1K
+    python benchmarks/decode_step_host.py --settings bf16 affine-8 --context 4096
+    python benchmarks/decode_step_host.py --tiny --device cpu --context 16 --new-tokens 5   # smoke
+
+The ~1B Llama of ``tq bench`` (random bf16 weights, static cache, torch.compile default mode),
+batch 1: a step is bound by the host launching kernels, so turboquant's per-step Python work
+shows up directly in tokens/s. Per setting: milliseconds per decode step (``(t(1+n) − t(1)) / n``
+of two greedy generates, as ``tq bench``), and the part of it spent in the model's forward, in
+AOTAutograd's unwrapping of the quantized cache's tensor subclasses, and in the attention op's
+launcher (``templates.decode_attention.decode_attention``), each timed with ``perf_counter``
+around the call. Prints a table and writes CSV.
+"""
+
+import argparse
+import collections
+import copy
+import functools
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import turboquant  # noqa: E402
+import turboquant.templates.decode_attention as kernel  # noqa: E402
+from turboquant.bench.e2e import E2E_ARCH, TINY_ARCH, build_model  # noqa: E402
+from turboquant.compat import wrap_aot_subclass_unwrap  # noqa: E402
+from turboquant.demo import compiled_baseline, timed_generate  # noqa: E402
+from turboquant.eval.configs import parse_config  # noqa: E402
+from turboquant.reporting import format_table, write_csv  # noqa: E402
+
+COLUMNS = ["setting", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms"]
+
+
+def _timer(acc, name):
+    def wrap(fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[name] += time.perf_counter() - t0
+        return timed
+    return wrap
+
+
+def run(settings, context, new_tokens, device="cuda", tiny=False):
+    acc = collections.defaultdict(float)
+    restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
+    launcher = kernel.decode_attention
+    kernel.decode_attention = _timer(acc, "attention_launch")(launcher)
+    arch = dict(TINY_ARCH if tiny else E2E_ARCH)
+    base = build_model(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    ids = torch.randint(0, arch["vocab_size"], (1, context), device=device)
+    kw = dict(cache_implementation="static")
+    rows = []
+    try:
+        for setting in settings:
+            torch._dynamo.reset()
+            if setting == "bf16":
+                model = compiled_baseline(base)
+            else:
+                model = turboquant.compile(copy.deepcopy(base), **parse_config(setting).kwargs)
+            model.forward = _timer(acc, "forward")(model.forward)
+            for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the timed calls use
+                timed_generate(model, ids, n, **kw)
+            acc.clear()
+            _, _, t1 = timed_generate(model, ids, 1, **kw)  # the prefill alone
+            prefill = dict(acc)
+            acc.clear()
+            _, _, tn = timed_generate(model, ids, new_tokens, **kw)
+            steps = new_tokens - 1
+            row = {"setting": setting, "context": context, "ms_per_step": 1e3 * (tn - t1) / steps}
+            for name in ("forward", "aot_unwrap", "attention_launch"):  # per decode step: the prefill's part off
+                row[f"{name}_ms"] = 1e3 * (acc[name] - prefill.get(name, 0.0)) / steps
+            rows.append(row)
+            print(f"{setting}: {row['ms_per_step']:.3f} ms/step", flush=True)
+            del model
+    finally:
+        restore()
+        kernel.decode_attention = launcher
+    base_ms = next((r["ms_per_step"] for r in rows if r["setting"] == "bf16"), None)
+    for r in rows:
+        r["vs_bf16"] = base_ms / r["ms_per_step"] if base_ms else float("nan")
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--settings", nargs="+", default=["bf16", "affine-4", "turbo-4"])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--new-tokens", type=int, default=33)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+        return 2
+    rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny)
+    print(format_table(rows, COLUMNS))
+    print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_step_host.csv'), COLUMNS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
