@@ -48,13 +48,14 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is o
 # field · 2^-24 exactly (MMA keeps subnormal fp16 operands): one AND per two codes makes MMA
 # operands, with no offset to fold away and no shift for the fields of the low byte. The
 # field's place value (``_field_unit``) is folded into the query (keys) or the output (values).
+MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, which faults here (H200, Triton 3.6)
+
 # Batch × KV heads × keys at most for which a call outside a CUDA graph runs one split (no merge
 # launch, no partials): at batch 1 a decode step is bound by the host launching kernels (H200,
 # 16-layer 1B model at 1 × 1K: ~0.6 ms of host time per layer against ~10 µs of attention on
 # the GPU), so a launch and an allocation fewer is worth more than the splits' parallelism.
 # A call captured into a CUDA graph launches nothing from the host and splits as usual.
 HOST_BOUND_KEY_ROWS = 1 << 16
-MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, which faults here (H200, Triton 3.6)
 
 
 def _planes(bits: int) -> int:
