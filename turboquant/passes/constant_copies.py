@@ -1,11 +1,12 @@
 """Inductor post-grad pass: a copy of a graph constant that is only a matmul operand is the constant.
 
-A quantized cache's numeric tables (turbo's rotation) enter a compiled graph while AOTAutograd
-traces the cache's writes with fake tensors, as ``torch.tensor(...)``: a constant behind
-``lift_fresh_copy``. Inductor lowers that to a copy, so every call of the compiled step launched
-one kernel per cache write only to copy its rotation (a turbo decode step of the gpt-fast-style
-test model: 16 Triton launches, 12 without the copies). When no user of the copy (or of a view of
-it) does more than read it as a matmul operand, the copy is the constant.
+A quantized cache's numeric tables (turbo's dense rotation, for a head_dim that is not a power of
+two; a power of two rotates without a table) enter a compiled graph while AOTAutograd traces the
+cache's writes with fake tensors, as ``torch.tensor(...)``: a constant behind ``lift_fresh_copy``.
+Inductor lowers that to a copy, so every call of the compiled step launched one kernel per cache
+write only to copy its rotation (measured when every head_dim rotated by a matmul: a turbo decode
+step of the gpt-fast-style test model, 16 Triton launches, 12 without the copies). When no user of
+the copy (or of a view of it) does more than read it as a matmul operand, the copy is the constant.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import functools
 
 import torch
 
-__all__ = ["slot_owners", "CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
-           "pack_sources"]
+__all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
+           "slot_owners", "pack_sources"]
 
 # codes per byte block and bytes per block for each width
 CODES_PER_BLOCK = {8: 1, 4: 2, 3: 8, 2: 4}

@@ -17,8 +17,7 @@ import functools
 
 import torch
 
-from ..compat import real_tensor_mode
-from .constants import as_constant
+from .constants import as_constant, as_literals
 
 __all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "signed_hadamard_from_index"]
 
@@ -62,16 +61,10 @@ def signed_hadamard(head_dim: int, seed: int = 0, *, device=None) -> torch.Tenso
     return as_constant(_signed_hadamard_cpu, int(head_dim), int(seed), device=device, dtype=torch.float64)
 
 
-@torch.compiler.assume_constant_result  # Dynamo takes the words as literals (not tracing the seeded draw)
+@as_literals  # Dynamo takes the words as literals (it does not trace the seeded draw)
 def _sign_words(d: int, seed: int) -> tuple:
     """σ's negative entries as 32-bit words (bit ``i mod 32`` of word ``i // 32``)."""
-    return _sign_words_cached(d, seed)
-
-
-@functools.lru_cache(maxsize=None)
-def _sign_words_cached(d: int, seed: int) -> tuple:
-    with real_tensor_mode():  # first asked while a compiler traces with fake tensors
-        negative = [v < 0 for v in _rotation_cpu(d, seed)[0].tolist()]
+    negative = [v < 0 for v in _rotation_cpu(d, seed)[0].tolist()]
     return tuple(sum(1 << b for b in range(32) if i + b < d and negative[i + b]) for i in range(0, d, 32))
 
 

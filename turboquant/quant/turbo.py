@@ -17,13 +17,13 @@ The paper's optional 1-bit QJL residual is not used: it adds variance through so
 
 from __future__ import annotations
 
-import torch
-
 import functools
 
-from ..compat import real_tensor_mode, tracing_with_fake_tensors
-from .affine import _finite, _work_dtype, to_metadata
-from .constants import as_constant
+import torch
+
+from ..compat import tracing_with_fake_tensors
+from .affine import _finite, to_metadata
+from .constants import as_constant, as_literals
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import is_power_of_two, rotation_matrix, signed_hadamard, signed_hadamard_from_index
@@ -86,32 +86,32 @@ def _signed_rotation(xw: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def _normalised(signed: torch.Tensor, sum_sq: torch.Tensor, d: int, dtype: torch.dtype):
-    """``(‖x‖, z)`` in ``dtype`` from :func:`_signed_rotation` (or slots of it) and the row's sum of
-    squares, both float64: ``‖signed‖ = √d·‖x‖`` and ``z = signed·√d/‖signed‖`` (0 for a zero row)."""
+    """``(‖x‖, z)`` in ``dtype`` from :func:`_signed_rotation` and the row's sum of squares, both
+    float64: ``‖signed‖ = √d·‖x‖`` and ``z = signed·√d/‖signed‖`` (0 for a zero row)."""
+    norm, inv = _unit_scale(sum_sq, d)
+    return norm.to(dtype), (signed * inv).to(dtype)
+
+
+def _unit_scale(sum_sq: torch.Tensor, d: int):
+    """``(‖x‖, √d/‖signed‖)`` in float64 from the sum of squares of :func:`_signed_rotation`'s row."""
     length = sum_sq.sqrt()
-    inv = torch.where(length > 0, d ** 0.5 / length, torch.zeros_like(length))
-    return (length * d ** -0.5).to(dtype), (signed * inv).to(dtype)
+    return length * d ** -0.5, torch.where(length > 0, d ** 0.5 / length, torch.zeros_like(length))
 
 
-@torch.compiler.assume_constant_result  # literals for Dynamo too (a compiled function calling the packed form)
+@as_literals  # a compiled function calling the packed form gets them as literals too
 def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
     """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
     :func:`turbo_quantize` compares with and looks up in ``dtype``."""
-    return _codebook_numbers_cached(d, bits, dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _codebook_numbers_cached(d: int, bits: int, dtype: torch.dtype) -> tuple:
-    with real_tensor_mode():  # first asked while a compiler traces with fake tensors
-        bounds = codebook_boundaries(d, bits).to(dtype)
-        cents = lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
-        return tuple(bounds.tolist()), tuple(cents.tolist())
+    bounds = codebook_boundaries(d, bits).to(dtype)
+    cents = lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
+    return tuple(bounds.tolist()), tuple(cents.tolist())
 
 
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
     """:func:`turbo_quantize` with its codes packed (``uint8 [..., packed_size(D, bits)]``, meta
     ``[..., 1]``), in the form Inductor's Triton backend fuses into the one kernel that stores a
-    cache row after the rotation's matmul (2, 3 and 4 bits).
+    cache row after the rotation's kernel (2, 3 and 4 bits; for a power-of-two head_dim the row's
+    norm is taken in that kernel too).
 
     The codes come out in the packed row's iteration space (:func:`~.packing.byte_sources`), the
     codebook search is comparisons with the boundaries and the centroid lookup a select over the
@@ -126,9 +126,9 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     if is_power_of_two(d):  # the norm from the slots, in the kernel that packs (not one of its own)
         signed = byte_sources(_signed_rotation(xw, seed), bits)
         sum_sq = functools.reduce(torch.add, [torch.where(own, v * v, 0.0) for own, v in zip(owners, signed)])
-        sum_sq = sum_sq.sum((-2, -1))[..., None, None]
-        slots = [_normalised(v, sum_sq, d, xw.dtype)[1] for v in signed]
-        norm = _normalised(signed[0], sum_sq, d, xw.dtype)[0][..., 0]
+        norm, inv = _unit_scale(sum_sq.sum((-2, -1))[..., None, None], d)
+        slots = [(v * inv).to(xw.dtype) for v in signed]
+        norm = norm[..., 0].to(xw.dtype)
     else:
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
