@@ -19,11 +19,11 @@ TOL = KERNEL_REL_TOL
 
 
 def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.float32, softcap=0.0, scale=None,
-          **launch):
+          v_scale=1.0, **launch):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, hkv * g, L, D, generator=gen).to(dtype)
     k = torch.randn(B, hkv, S, D, generator=gen) * 2
-    v = torch.randn(B, hkv, S, D, generator=gen)
+    v = torch.randn(B, hkv, S, D, generator=gen) * v_scale
     cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
     kq, vq = quantize_kv(k.to(DEVICE), cfg), quantize_kv(v.to(DEVICE), cfg, role="v")
     m = None
@@ -86,6 +86,17 @@ def test_more_query_rows_than_one_tile(L, num_splits):
 @pytest.mark.parametrize("D", [80, 96, 128])
 def test_head_dims(D):
     out, ref = _case("turbo", 4, 3, B=1, hkv=2, g=2, L=2, S=20, D=D, mask=None, seed=D)
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])  # one split normalises in place; more go through the merge
+@pytest.mark.parametrize("D", [64, 80])  # the Hadamard form (H from indices) and a dense R
+@pytest.mark.parametrize("v_scale", [1e-3, 1e5])
+def test_turbo_values_are_rotated_back_in_the_kernel(num_splits, D, v_scale):
+    """Each split rotates its turbo output back to the model's dims by fp16 MMAs: values far
+    outside fp16's range either way (fp32 model) come back as accurately as unit values."""
+    out, ref = _case("turbo", 4, 4, B=1, hkv=1, g=4, L=2, S=40, D=D, mask=None, seed=D, v_scale=v_scale,
+                     num_splits=num_splits)
     assert _rel(out, ref) < TOL
 
 

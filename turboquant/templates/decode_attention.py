@@ -14,9 +14,10 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
 * 3-bit affine: fields inside one byte masked in place likewise; the two that straddle bytes
   are assembled first;
-* turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated inside the
-  kernel and the merge kernel rotates the output back, norms scale the scores and the
-  probabilities.
+* turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated and the output
+  rotated back inside the kernel (MMAs; for a power-of-two head_dim the rotation's Hadamard
+  factor is computed from indices, exact ±1 in fp16, and only its sign row is read), norms scale
+  the scores and the probabilities. Every split's output leaves in the model's dims.
 
 Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
 merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
@@ -35,7 +36,7 @@ import triton.language as tl
 
 from .. import compat
 from ..config import TensorQuantSpec
-from ..quant.rotation import rotation_matrix
+from ..quant.rotation import is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
 
 __all__ = ["decode_attention", "supports"]
@@ -216,6 +217,18 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
 
 
 @triton.jit
+def _hadamard(i, j):
+    """``H[i, j] = (-1)^popcount(i & j)``, the Sylvester Hadamard matrix's entries (fp16, exact ±1)."""
+    p = i & j
+    p = p ^ (p >> 16)
+    p = p ^ (p >> 8)
+    p = p ^ (p >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return (1 - 2 * (p & 1)).to(tl.float16)
+
+
+@triton.jit
 def _split_fp16(x):
     """``x`` (fp32) as fp16 ``hi + lo``: two fp16 MMAs then carry about 21 bits of it."""
     hi = x.to(tl.float16)
@@ -223,31 +236,38 @@ def _split_fp16(x):
 
 
 @triton.jit
-def _q_halves(q_row_ptr, row_ok, D: tl.constexpr, DQ: tl.constexpr):
-    """The whole query row ``[M, DQ]`` as fp16 hi/lo halves, which turbo's rotation reads."""
+def _q_halves(q_row_ptr, row_ok, rot_ptr, D: tl.constexpr, DQ: tl.constexpr, HADAMARD: tl.constexpr):
+    """The whole query row ``[M, DQ]`` as fp16 hi/lo halves, which turbo's rotation reads; for the
+    Hadamard form times ``R[0, :]`` (``σ / √d``): ``R = H · diag(R[0, :])`` then leaves ``H``."""
     d = tl.arange(0, DQ)
-    return _split_fp16(tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0
-                               ).to(tl.float32))
+    q = tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
+    if HADAMARD:
+        q = q * tl.load(rot_ptr + d, mask=d < D, other=0.0)[None, :]
+    return _split_fp16(q)
 
 
 @triton.jit
 def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
-             D: tl.constexpr, DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
+             D: tl.constexpr, DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, HADAMARD: tl.constexpr):
     """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
     ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0.
 
     Turbo keys: the dims of the rotated query ``q Rᵀ`` (``rot_ptr``: ``R [D, D]`` fp32), computed
-    here from the halves of :func:`_q_halves` (three fp16 MMAs, fp32-accurate before the final
-    fp16) instead of by a matmul launch before the kernel."""
+    here from the halves of :func:`_q_halves` (fp32-accurate before the final fp16) instead of by
+    a matmul launch before the kernel: two fp16 MMAs with ``H`` from indices for the Hadamard form
+    (no read of ``R``), three with ``R``'s own halves otherwise."""
     t = tl.arange(0, PW)
     dim = t * P + S
     if TURBO:
         d = tl.arange(0, DQ)
         # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
-        r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=(d[:, None] < D) & (dim[None, :] < D) & (S < P),
-                    other=0.0)
-        r_hi, r_lo = _split_fp16(r)
-        q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
+        ok = (d[:, None] < D) & (dim[None, :] < D) & (S < P)
+        if HADAMARD:
+            h = tl.where(ok, _hadamard(d[:, None], dim[None, :]), 0.0).to(tl.float16)
+            q = tl.dot(q_hi, h) + tl.dot(q_lo, h)
+        else:
+            r_hi, r_lo = _split_fp16(tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0))
+            q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
         return q.to(tl.float16)
     else:
         SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
@@ -262,6 +282,26 @@ def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexp
 
 
 @triton.jit
+def _rotated_back(a, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, rot_ptr, D: tl.constexpr,
+                  DQ: tl.constexpr, HADAMARD: tl.constexpr):
+    """Plane ``S`` of a row block in the rotated domain (``a [M, PW]``, dims ``P·t + S``, rows
+    scaled into fp16's range) times those rows of ``R``: its share of ``y R`` (``[M, DQ]`` fp32;
+    the Hadamard form leaves ``H``: the caller multiplies by ``R[0, :]``)."""
+    t = tl.arange(0, PW)
+    i = t * P + S
+    j = tl.arange(0, DQ)
+    ok = (i[:, None] < D) & (j[None, :] < D)
+    a_hi, a_lo = _split_fp16(a)
+    if HADAMARD:
+        h = tl.where(ok, _hadamard(i[:, None], j[None, :]), 0.0).to(tl.float16)
+        y = tl.dot(a_hi, h) + tl.dot(a_lo, h)
+    else:
+        r_hi, r_lo = _split_fp16(tl.load(rot_ptr + i[:, None] * D + j[None, :], mask=ok, other=0.0))
+        y = tl.dot(a_hi, r_hi) + tl.dot(a_hi, r_lo) + tl.dot(a_lo, r_hi)
+    return y
+
+
+@triton.jit
 def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, row_ok, D_OUT: tl.constexpr):
     """Store plane ``S`` of an output row block (dims ``P·t + S``, those below ``D_OUT``)."""
     t = tl.arange(0, PW)
@@ -271,7 +311,7 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, mask_ptr, ring_pos_ptr, out_ptr, ws_ptr,
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, vrot_ptr, mask_ptr, ring_pos_ptr, out_ptr, ws_ptr,
     S, n_parts, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
     stride_kcb, stride_kch, stride_kcs,
@@ -285,7 +325,8 @@ def _decode_split_kernel(
     K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
-    RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr,
+    RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
+    V_HADAMARD: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -314,15 +355,15 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
-    q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO)
-    q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO)
+    q_hi, q_lo = _q_halves(q_row, row_ok, krot_ptr, D, DQ, K_HADAMARD)  # read by turbo's rotation only (unused loads vanish otherwise)
+    q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     # Σq (for the key zero points) in plain units, from the fp16 query the dots see
     q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
                    + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
@@ -431,17 +472,46 @@ def _decode_split_kernel(
         z_c = z_acc[:, None]
         tl.store(pm_ptr + prow, m_i, mask=row_ok)
         tl.store(pl_ptr + prow, l_i, mask=row_ok)
-    _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
-    if VP > 1:
-        _store_plane(out_row, a1 * (inv / _field_unit(V_BITS, V_TURBO, 1)) - z_c, 1, VP, VPW, row_ok, W_OUT)
-    if VP > 2:
-        _store_plane(out_row, a2 * (inv / _field_unit(V_BITS, V_TURBO, 2)) - z_c, 2, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a3 * (inv / _field_unit(V_BITS, V_TURBO, 3)) - z_c, 3, VP, VPW, row_ok, W_OUT)
-    if VP > 4:
-        _store_plane(out_row, a4 * (inv / _field_unit(V_BITS, V_TURBO, 4)) - z_c, 4, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
-        _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
+    if V_TURBO:  # rotated back here, so every part leaves in the model's dims (the merge only adds)
+        # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
+        # lose a row of small values
+        c = tl.max(tl.abs(a0), axis=1)
+        if VP > 1:
+            c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
+        if VP > 2:
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
+        if VP > 4:
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
+        c = tl.where(c > 0, c, 1.0)[:, None]
+        y = _rotated_back(a0 / c, 0, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+        if VP > 1:
+            y += _rotated_back(a1 / c, 1, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+        if VP > 2:
+            y += _rotated_back(a2 / c, 2, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+            y += _rotated_back(a3 / c, 3, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+        if VP > 4:
+            y += _rotated_back(a4 / c, 4, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+            y += _rotated_back(a5 / c, 5, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+            y += _rotated_back(a6 / c, 6, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+            y += _rotated_back(a7 / c, 7, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
+        j = tl.arange(0, DQ)
+        y = y * (c * inv)
+        if V_HADAMARD:
+            y = y * tl.load(vrot_ptr + j, mask=j < D, other=0.0)[None, :]
+        tl.store(out_row + j[None, :], y.to(out_row.dtype.element_ty), mask=row_ok[:, None] & (j[None, :] < D))
+    else:
+        _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
+        if VP > 1:
+            _store_plane(out_row, a1 * (inv / _field_unit(V_BITS, V_TURBO, 1)) - z_c, 1, VP, VPW, row_ok, W_OUT)
+        if VP > 2:
+            _store_plane(out_row, a2 * (inv / _field_unit(V_BITS, V_TURBO, 2)) - z_c, 2, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a3 * (inv / _field_unit(V_BITS, V_TURBO, 3)) - z_c, 3, VP, VPW, row_ok, W_OUT)
+        if VP > 4:
+            _store_plane(out_row, a4 * (inv / _field_unit(V_BITS, V_TURBO, 4)) - z_c, 4, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
 
 
 @triton.jit
@@ -454,16 +524,14 @@ def _workspace(ws_ptr, n_rows, n_parts, PO_W: tl.constexpr):
 
 
 @triton.jit
-def _merge_splits_kernel(ws_ptr, rot_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr,
-                         BLOCK_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr, ROTATE: tl.constexpr,
-                         ROT_J: tl.constexpr):
-    """One output row from its splits' (max in log2 units, normaliser, unnormalised output).
+def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_SPLITS: tl.constexpr):
+    """One output row from its splits' (max in log2 units, normaliser, unnormalised output in the
+    model's dims).
 
     A kernel of its own, one program per row: merged by the split kernel's last program instead
     (one launch), 32K affine 4-bit ran 152 µs against 117 (its registers crossed 128, one program
-    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01).
-    ``ROTATE`` (turbo values): the parts are in the rotated domain; the row leaves as
-    ``acc @ R`` (``rot_ptr``: ``R [D, D]`` fp32), in fp32, ``ROT_J`` output dims at a time."""
+    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01)."""
     po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
@@ -479,13 +547,7 @@ def _merge_splits_kernel(ws_ptr, rot_ptr, out_ptr, n_splits, D: tl.constexpr, PO
                 other=0.0)
     acc = tl.sum(w[:, None] * o, axis=0)
     acc = acc / tl.where(den > 0, den, 1.0)  # every key masked: 0, as the oracle
-    if ROTATE:
-        for j0 in tl.static_range(0, BLOCK_D, ROT_J):
-            j = j0 + tl.arange(0, ROT_J)
-            r = tl.load(rot_ptr + d[:, None] * D + j[None, :], mask=(d[:, None] < D) & (j[None, :] < D), other=0.0)
-            tl.store(out_ptr + row * D + j, tl.sum(acc[:, None] * r, axis=0).to(out_ptr.dtype.element_ty), mask=j < D)
-    else:
-        tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
+    tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
@@ -512,16 +574,13 @@ def _unsupported(hq: int, lq: int, k_spec: TensorQuantSpec, v_spec: TensorQuantS
     return None
 
 
-def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, v_rotation, po, pm, pl):
-    """The ring's partial, written into the last part: unnormalised output (turbo values in the
-    rotated domain, as the kernel's parts: ``v_rotation`` is their ``R``, None for affine), running
-    max in log2 units, normaliser."""
+def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, softcap, po, pm, pl):
+    """The ring's partial, written into the last part: unnormalised output (the model's dims, as
+    the kernel's parts), running max in log2 units, normaliser."""
     B, HQ, L = q.shape[:3]
     g = HQ // k_ring.shape[1]
     kr = k_ring.float().repeat_interleave(g, 1)
     vr = v_ring.float().repeat_interleave(g, 1)
-    if v_rotation is not None:
-        vr = vr @ v_rotation.T
     s = (q.float() @ kr.transpose(-1, -2)) * scale                     # [B, Hq, L, W]
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -575,8 +634,9 @@ def _turbo8(spec: TensorQuantSpec) -> bool:
 
 
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; one copy per
-    device, see :func:`turboquant.quant.constants.as_constant`); None for affine (the call passes
+    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; of the Hadamard form
+    of a power-of-two ``d`` they read only the first row, ``σ / √d``; one copy per device, see
+    :func:`turboquant.quant.constants.as_constant`); None for affine (the call passes
     a placeholder pointer: a plan keeps no tensor of a call, which CUDA graph trees would find
     alive in their memory pool)."""
     if spec.method != "turbo":
@@ -664,7 +724,7 @@ class _Plan:
     decode step is host-bound and runs one call per layer; with a plan a call costs a dictionary
     lookup, two allocations and the launches."""
 
-    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "rotation", "split", "merge")
+    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "split", "merge")
 
 
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
@@ -702,13 +762,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     k_meta_t, v_meta_t = _meta_dtype(k_meta, k_spec), _meta_dtype(v_meta, v_spec)
     k_word = torch.uint8 if k_spec.bits == 3 else torch.int16
     v_word = torch.uint8 if v_spec.bits == 3 else torch.int16
-    final = n_parts == 1 and not v_turbo  # one split normalises in place; turbo values are rotated back by the merge
+    final = n_parts == 1  # one split normalises in place
     plan = _Plan()
     plan.out_shape = (B, HQ, L, D)
     plan.n_parts = n_parts
     plan.ws_numel = 0 if final else B * HQ * L * n_parts * (VP * VPW + 2)
-    plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q))
-    plan.rotation = _rotation(v_spec, D, q)
+    plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q), _rotation(v_spec, D, q))
     mask_strides = (0, 0, 0, 0) if attn_mask is None else attn_mask.expand(B, HQ, L, S).stride()
     strides = (*q.stride()[:3], *_strides(k_codes, k_word), *_strides(k_meta, k_meta_t), *_strides(v_codes, v_word),
                *_strides(v_meta, v_meta_t), *mask_strides)
@@ -718,15 +777,16 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
-        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t])
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
+        K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
-    assert len(names) == 12 + len(tail), "the split launch's arguments follow the kernel's signature"
+    assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
     options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
     plan.merge = None if final else _Launch(
         _merge_splits_kernel, (B * HQ * L,),
-        (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts)), v_turbo, 32), {})
+        (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts))), {})
     return plan
 
 
@@ -777,9 +837,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         pm = ws[po.numel(): po.numel() + n_rp].view(B, HQ, L, plan.n_parts)
         pl = ws[po.numel() + n_rp:].view(B, HQ, L, plan.n_parts)
         _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap,
-                   plan.rotation, po[..., -1, :D], pm[..., -1], pl[..., -1])
+                   po[..., -1, :D], pm[..., -1], pl[..., -1])
     stream = compat.current_raw_stream(device) if device >= 0 else None
     plan.split(stream, *tensors[:5], *(q if t is None else t for t in plan.tables), *tensors[5:], out, ws)
     if plan.merge is not None:
-        plan.merge(stream, ws, q if plan.rotation is None else plan.rotation, out)
+        plan.merge(stream, ws, out)
     return out
