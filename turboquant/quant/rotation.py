@@ -55,10 +55,10 @@ def _signed_hadamard_cpu(d: int, seed: int) -> torch.Tensor:
     return torch.sign(_rotation_cpu(d, seed)[0])[:, None] * _sylvester(d)
 
 
-def signed_hadamard(head_dim: int, seed: int = 0, *, device=None) -> torch.Tensor:
-    """``M = √d · Rᵀ = diag(σ) · H`` (float64, entries ±1) for a power-of-two ``head_dim``:
-    ``x @ M`` is the rotation ``x @ Rᵀ`` times ``√d`` with no rounding in the matrix."""
-    return as_constant(_signed_hadamard_cpu, int(head_dim), int(seed), device=device, dtype=torch.float64)
+def signed_hadamard(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:
+    """``M = √d · Rᵀ = diag(σ) · H`` (entries ±1, exact in any float dtype) for a power-of-two
+    ``head_dim``: ``x @ M`` is the rotation ``x @ Rᵀ`` times ``√d`` with no rounding in the matrix."""
+    return as_constant(_signed_hadamard_cpu, int(head_dim), int(seed), device=device, dtype=dtype)
 
 
 @as_literals  # Dynamo takes the words as literals (it does not trace the seeded draw)

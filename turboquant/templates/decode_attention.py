@@ -15,9 +15,9 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
 * 3-bit affine: fields inside one byte masked in place likewise; the two that straddle bytes
   are assembled first;
 * turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated and the output
-  rotated back inside the kernel (MMAs; for a power-of-two head_dim the rotation's Hadamard
-  factor is computed from indices, exact ±1 in fp16, and only its sign row is read), norms scale
-  the scores and the probabilities. Every split's output leaves in the model's dims.
+  rotated back inside the kernel (fp16 MMAs; for a power-of-two head_dim the kernels read the
+  signed Hadamard matrix ``M = √d · Rᵀ``, exact ±1 in fp16), norms scale the scores and the
+  probabilities. Every split's output leaves in the model's dims.
 
 Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
 merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .. import compat
 from ..config import TensorQuantSpec
-from ..quant.rotation import is_power_of_two, rotation_matrix
+from ..quant.rotation import is_power_of_two, rotation_matrix, signed_hadamard
 from ..quant.turbo import turbo_centroids
 
 __all__ = ["decode_attention", "supports"]
@@ -216,16 +216,9 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
     return vals.to(tl.float16)
 
 
-@triton.jit
-def _hadamard(i, j):
-    """``H[i, j] = (-1)^popcount(i & j)``, the Sylvester Hadamard matrix's entries (fp16, exact ±1)."""
-    p = i & j
-    p = p ^ (p >> 16)
-    p = p ^ (p >> 8)
-    p = p ^ (p >> 4)
-    p = p ^ (p >> 2)
-    p = p ^ (p >> 1)
-    return (1 - 2 * (p & 1)).to(tl.float16)
+@triton.constexpr_function
+def _inv_sqrt(d):
+    return float(int(d)) ** -0.5
 
 
 @triton.jit
@@ -236,14 +229,11 @@ def _split_fp16(x):
 
 
 @triton.jit
-def _q_halves(q_row_ptr, row_ok, rot_ptr, D: tl.constexpr, DQ: tl.constexpr, HADAMARD: tl.constexpr):
-    """The whole query row ``[M, DQ]`` as fp16 hi/lo halves, which turbo's rotation reads; for the
-    Hadamard form times ``R[0, :]`` (``σ / √d``): ``R = H · diag(R[0, :])`` then leaves ``H``."""
+def _q_halves(q_row_ptr, row_ok, D: tl.constexpr, DQ: tl.constexpr):
+    """The whole query row ``[M, DQ]`` as fp16 hi/lo halves, which turbo's rotation reads."""
     d = tl.arange(0, DQ)
-    q = tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0).to(tl.float32)
-    if HADAMARD:
-        q = q * tl.load(rot_ptr + d, mask=d < D, other=0.0)[None, :]
-    return _split_fp16(q)
+    return _split_fp16(tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0
+                               ).to(tl.float32))
 
 
 @triton.jit
@@ -252,10 +242,10 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
     """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
     ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0.
 
-    Turbo keys: the dims of the rotated query ``q Rᵀ`` (``rot_ptr``: ``R [D, D]`` fp32), computed
-    here from the halves of :func:`_q_halves` (fp32-accurate before the final fp16) instead of by
-    a matmul launch before the kernel: two fp16 MMAs with ``H`` from indices for the Hadamard form
-    (no read of ``R``), three with ``R``'s own halves otherwise."""
+    Turbo keys: the dims of the rotated query ``q Rᵀ``, computed here from the halves of
+    :func:`_q_halves` (fp32-accurate before the final fp16) instead of by a matmul launch before
+    the kernel. ``rot_ptr``: ``R [D, D]`` fp32 (three fp16 MMAs with ``R``'s halves) or, for the
+    Hadamard form, ``M = √D · Rᵀ`` fp16 (entries ±1, exact: two MMAs, half the bytes)."""
     t = tl.arange(0, PW)
     dim = t * P + S
     if TURBO:
@@ -263,8 +253,8 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
         ok = (d[:, None] < D) & (dim[None, :] < D) & (S < P)
         if HADAMARD:
-            h = tl.where(ok, _hadamard(d[:, None], dim[None, :]), 0.0).to(tl.float16)
-            q = tl.dot(q_hi, h) + tl.dot(q_lo, h)
+            m = tl.load(rot_ptr + d[:, None] * D + dim[None, :], mask=ok, other=0.0).to(tl.float16)  # (d, t) = M[d, P·t + S]
+            q = (tl.dot(q_hi, m) + tl.dot(q_lo, m)) * _inv_sqrt(D)
         else:
             r_hi, r_lo = _split_fp16(tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0))
             q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
@@ -285,16 +275,17 @@ def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexp
 def _rotated_back(a, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, rot_ptr, D: tl.constexpr,
                   DQ: tl.constexpr, HADAMARD: tl.constexpr):
     """Plane ``S`` of a row block in the rotated domain (``a [M, PW]``, dims ``P·t + S``, rows
-    scaled into fp16's range) times those rows of ``R``: its share of ``y R`` (``[M, DQ]`` fp32;
-    the Hadamard form leaves ``H``: the caller multiplies by ``R[0, :]``)."""
+    scaled into fp16's range) times those rows of ``R``: its share of ``y R`` (``[M, DQ]`` fp32).
+    ``rot_ptr`` as for :func:`_q_plane`: ``R`` (fp32), or ``M = √D · Rᵀ`` (fp16 ±1) for the
+    Hadamard form."""
     t = tl.arange(0, PW)
     i = t * P + S
     j = tl.arange(0, DQ)
     ok = (i[:, None] < D) & (j[None, :] < D)
     a_hi, a_lo = _split_fp16(a)
     if HADAMARD:
-        h = tl.where(ok, _hadamard(i[:, None], j[None, :]), 0.0).to(tl.float16)
-        y = tl.dot(a_hi, h) + tl.dot(a_lo, h)
+        m = tl.load(rot_ptr + j[None, :] * D + i[:, None], mask=ok, other=0.0).to(tl.float16)  # (t, j) = M[j, P·t + S]
+        y = (tl.dot(a_hi, m) + tl.dot(a_lo, m)) * _inv_sqrt(D)
     else:
         r_hi, r_lo = _split_fp16(tl.load(rot_ptr + i[:, None] * D + j[None, :], mask=ok, other=0.0))
         y = tl.dot(a_hi, r_hi) + tl.dot(a_hi, r_lo) + tl.dot(a_lo, r_hi)
@@ -355,7 +346,7 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q_hi, q_lo = _q_halves(q_row, row_ok, krot_ptr, D, DQ, K_HADAMARD)  # read by turbo's rotation only (unused loads vanish otherwise)
+    q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
     q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
@@ -497,8 +488,6 @@ def _decode_split_kernel(
             y += _rotated_back(a7 / c, 7, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
         j = tl.arange(0, DQ)
         y = y * (c * inv)
-        if V_HADAMARD:
-            y = y * tl.load(vrot_ptr + j, mask=j < D, other=0.0)[None, :]
         tl.store(out_row + j[None, :], y.to(out_row.dtype.element_ty), mask=row_ok[:, None] & (j[None, :] < D))
     else:
         _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
@@ -634,13 +623,16 @@ def _turbo8(spec: TensorQuantSpec) -> bool:
 
 
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """Turbo's rotation ``R [d, d]`` (fp32, row-major: the kernels index it so; of the Hadamard form
-    of a power-of-two ``d`` they read only the first row, ``σ / √d``; one copy per device, see
-    :func:`turboquant.quant.constants.as_constant`); None for affine (the call passes
-    a placeholder pointer: a plan keeps no tensor of a call, which CUDA graph trees would find
-    alive in their memory pool)."""
+    """What the kernels rotate turbo rows by (one copy per device, see
+    :func:`turboquant.quant.constants.as_constant`): for a power-of-two ``d`` the signed Hadamard
+    matrix ``M = √d · Rᵀ`` in fp16 (entries ±1, exact: two MMAs on the operand's hi/lo halves and
+    half the bytes of R), otherwise ``R [d, d]`` in fp32 (row-major: the kernels index it so).
+    None for affine (the call passes a placeholder pointer: a plan keeps no tensor of a call,
+    which CUDA graph trees would find alive in their memory pool)."""
     if spec.method != "turbo":
         return None
+    if is_power_of_two(d):
+        return signed_hadamard(d, spec.seed, device=q.device, dtype=torch.float16)
     return rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32)
 
 
