@@ -13,7 +13,10 @@ __all__ = ["as_constant", "as_literals"]
 
 
 def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=None) -> torch.Tensor:
-    """The table ``table_fn(*key)`` (a cached CPU tensor) on ``device``/``dtype``.
+    """The table ``table_fn(*key)`` on ``device``/``dtype``: built once on the CPU, copied once per
+    device and dtype, the same tensor object for every call after the first (a kernel launch plan
+    made while a CUDA graph is captured finds the copy made before; a copy or an allocation inside
+    the capture would fail or land in the graph's memory pool).
 
     Under Dynamo the table is one constant of the graph: Dynamo must not trace ``table_fn``
     itself (it ignores ``lru_cache`` and would re-run the table's construction, seeded
@@ -23,8 +26,7 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
     """
     if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
         return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype)
-    with real_tensor_mode():  # a table first built under fake tensors would be cached fake for good
-        table = table_fn(*key)
+    table = _cpu_table(table_fn, key)
     if tracing_with_fake_tensors():
         return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)
     return _on_device(table, device, dtype)
@@ -33,7 +35,13 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
 @torch.compiler.assume_constant_result
 def _graph_constant(table_fn, key: tuple, device: Optional[str], dtype) -> torch.Tensor:
     with real_tensor_mode():
-        return _on_device(table_fn(*key), device, dtype)
+        return _on_device(_cpu_table(table_fn, key), device, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_table(table_fn, key: tuple) -> torch.Tensor:
+    with real_tensor_mode():  # a table first built under fake tensors would be cached fake for good
+        return table_fn(*key)
 
 
 def _on_device(table: torch.Tensor, device, dtype) -> torch.Tensor:

@@ -38,8 +38,18 @@ def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.
 
 
 def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> torch.Tensor:
-    """Centroids in units of the unit vector's coordinates (already divided by ``√d``)."""
-    return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
+    """Centroids in units of the unit vector's coordinates (already divided by ``√d``); one tensor
+    per device and dtype (see :func:`~.constants.as_constant`)."""
+    if torch.compiler.is_dynamo_compiling():
+        # a graph divides its codebook constant itself: two tables taken as constant results
+        # directly (the bounds, the centroids) make AOTAutograd see one source lifted twice
+        return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
+    return as_constant(_centroids_cpu, d, bits, str(dtype).removeprefix("torch."), device=device, dtype=dtype)
+
+
+def _centroids_cpu(d: int, bits: int, dtype_name: str) -> torch.Tensor:
+    # divided in the caller's dtype, as a division on the device would: the same numbers on every device
+    return lloyd_max_codebook(d, bits).to(getattr(torch, dtype_name)) / d ** 0.5
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):

@@ -1,0 +1,34 @@
+"""Numeric tables (rotations, codebooks) on a device: one tensor per device and dtype.
+
+A kernel's launch plan made while a CUDA graph is captured looks its tables up again: a fresh
+host-to-device copy there fails ("Cannot copy between CPU and CUDA tensors during CUDA graph
+capture"), and a fresh allocation lands in the graph's memory pool. The ``meta`` device stands in
+for a GPU here: it takes the same per-device path as CUDA.
+"""
+
+import pytest
+import torch
+
+from turboquant.quant.codebooks import lloyd_max_codebook
+from turboquant.quant.rotation import rotation_matrix, signed_hadamard
+from turboquant.quant.turbo import turbo_centroids
+
+TABLES = {
+    "rotation": lambda dev: rotation_matrix(128, 3, device=dev, dtype=torch.float32),
+    "rotation-80": lambda dev: rotation_matrix(80, 3, device=dev, dtype=torch.float32),
+    "signed-hadamard": lambda dev: signed_hadamard(128, 3, device=dev, dtype=torch.float16),
+    "centroids": lambda dev: turbo_centroids(128, 4, device=dev, dtype=torch.float32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_a_table_on_a_device_is_one_tensor_for_every_call(name):
+    first = TABLES[name]("meta")
+    assert first.device.type == "meta"
+    assert TABLES[name]("meta") is first
+
+
+def test_centroids_are_divided_in_the_callers_dtype():
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        want = lloyd_max_codebook(128, 3).to(dtype) / 128 ** 0.5
+        assert torch.equal(turbo_centroids(128, 3, dtype=dtype), want)
