@@ -253,7 +253,8 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
         ok = (d[:, None] < D) & (dim[None, :] < D) & (S < P)
         if HADAMARD:
-            m = tl.load(rot_ptr + d[:, None] * D + dim[None, :], mask=ok, other=0.0).to(tl.float16)  # (d, t) = M[d, P·t + S]
+            # (d, t) = M[d, P·t + S] = √D · R[P·t + S, d]
+            m = tl.load(rot_ptr + d[:, None] * D + dim[None, :], mask=ok, other=0.0).to(tl.float16)
             q = (tl.dot(q_hi, m) + tl.dot(q_lo, m)) * _inv_sqrt(D)
         else:
             r_hi, r_lo = _split_fp16(tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0))
@@ -284,7 +285,8 @@ def _rotated_back(a, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, rot_ptr
     ok = (i[:, None] < D) & (j[None, :] < D)
     a_hi, a_lo = _split_fp16(a)
     if HADAMARD:
-        m = tl.load(rot_ptr + j[None, :] * D + i[:, None], mask=ok, other=0.0).to(tl.float16)  # (t, j) = M[j, P·t + S]
+        # (t, j) = M[j, P·t + S] = √D · R[P·t + S, j]
+        m = tl.load(rot_ptr + j[None, :] * D + i[:, None], mask=ok, other=0.0).to(tl.float16)
         y = (tl.dot(a_hi, m) + tl.dot(a_lo, m)) * _inv_sqrt(D)
     else:
         r_hi, r_lo = _split_fp16(tl.load(rot_ptr + i[:, None] * D + j[None, :], mask=ok, other=0.0))
@@ -302,7 +304,8 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, vrot_ptr, mask_ptr, ring_pos_ptr, out_ptr, ws_ptr,
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, vrot_ptr, mask_ptr, ring_pos_ptr, out_ptr,
+    ws_ptr,
     S, n_parts, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
     stride_kcb, stride_kch, stride_kcs,
