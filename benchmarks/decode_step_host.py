@@ -107,7 +107,7 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=33)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--repeats", type=int, default=3, help="timed pairs of generates per setting (the least counts)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each setting's least counts)")
     p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)

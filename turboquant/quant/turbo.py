@@ -44,12 +44,12 @@ def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> t
         # a graph divides its codebook constant itself: two tables taken as constant results
         # directly (the bounds, the centroids) make AOTAutograd see one source lifted twice
         return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
-    return as_constant(_centroids_cpu, d, bits, str(dtype).removeprefix("torch."), device=device, dtype=dtype)
+    return as_constant(_centroids_cpu, d, bits, dtype, device=device, dtype=dtype)
 
 
-def _centroids_cpu(d: int, bits: int, dtype_name: str) -> torch.Tensor:
+def _centroids_cpu(d: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
     # divided in the caller's dtype, as a division on the device would: the same numbers on every device
-    return lloyd_max_codebook(d, bits).to(getattr(torch, dtype_name)) / d ** 0.5
+    return lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
@@ -112,9 +112,7 @@ def _unit_scale(sum_sq: torch.Tensor, d: int):
 def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
     """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
     :func:`turbo_quantize` compares with and looks up in ``dtype``."""
-    bounds = codebook_boundaries(d, bits).to(dtype)
-    cents = lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
-    return tuple(bounds.tolist()), tuple(cents.tolist())
+    return tuple(codebook_boundaries(d, bits).to(dtype).tolist()), tuple(_centroids_cpu(d, bits, dtype).tolist())
 
 
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):

@@ -222,6 +222,20 @@ def _inv_sqrt(d):
 
 
 @triton.jit
+def _times_rotation(x_hi, x_lo, r, D: tl.constexpr, HADAMARD: tl.constexpr):
+    """``x @ r`` (fp32) from ``x``'s fp16 halves and a loaded tile of the rotation: ``M = √D · Rᵀ``
+    (±1, exact in fp16: two MMAs, then ``1/√D``) for the Hadamard form, ``R`` (fp32: three MMAs on
+    its halves, about 21 bits) otherwise."""
+    if HADAMARD:
+        m = r.to(tl.float16)
+        y = (tl.dot(x_hi, m) + tl.dot(x_lo, m)) * _inv_sqrt(D)
+    else:
+        r_hi, r_lo = _split_fp16(r)
+        y = tl.dot(x_hi, r_hi) + tl.dot(x_hi, r_lo) + tl.dot(x_lo, r_hi)
+    return y
+
+
+@triton.jit
 def _split_fp16(x):
     """``x`` (fp32) as fp16 ``hi + lo``: two fp16 MMAs then carry about 21 bits of it."""
     hi = x.to(tl.float16)
@@ -252,14 +266,11 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         d = tl.arange(0, DQ)
         # Rᵀ restricted to this plane's output dims: [DQ, PW], element (d, t) = R[P·t + S, d]
         ok = (d[:, None] < D) & (dim[None, :] < D) & (S < P)
-        if HADAMARD:
-            # (d, t) = M[d, P·t + S] = √D · R[P·t + S, d]
-            m = tl.load(rot_ptr + d[:, None] * D + dim[None, :], mask=ok, other=0.0).to(tl.float16)
-            q = (tl.dot(q_hi, m) + tl.dot(q_lo, m)) * _inv_sqrt(D)
+        if HADAMARD:  # (d, t) = M[d, P·t + S]
+            r = tl.load(rot_ptr + d[:, None] * D + dim[None, :], mask=ok, other=0.0)
         else:
-            r_hi, r_lo = _split_fp16(tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0))
-            q = tl.dot(q_hi, r_hi) + tl.dot(q_hi, r_lo) + tl.dot(q_lo, r_hi)
-        return q.to(tl.float16)
+            r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0)
+        return _times_rotation(q_hi, q_lo, r, D, HADAMARD).to(tl.float16)
     else:
         SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
         q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
@@ -284,14 +295,11 @@ def _rotated_back(a, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, rot_ptr
     j = tl.arange(0, DQ)
     ok = (i[:, None] < D) & (j[None, :] < D)
     a_hi, a_lo = _split_fp16(a)
-    if HADAMARD:
-        # (t, j) = M[j, P·t + S] = √D · R[P·t + S, j]
-        m = tl.load(rot_ptr + j[None, :] * D + i[:, None], mask=ok, other=0.0).to(tl.float16)
-        y = (tl.dot(a_hi, m) + tl.dot(a_lo, m)) * _inv_sqrt(D)
+    if HADAMARD:  # (t, j) = M[j, P·t + S]
+        r = tl.load(rot_ptr + j[None, :] * D + i[:, None], mask=ok, other=0.0)
     else:
-        r_hi, r_lo = _split_fp16(tl.load(rot_ptr + i[:, None] * D + j[None, :], mask=ok, other=0.0))
-        y = tl.dot(a_hi, r_hi) + tl.dot(a_hi, r_lo) + tl.dot(a_lo, r_hi)
-    return y
+        r = tl.load(rot_ptr + i[:, None] * D + j[None, :], mask=ok, other=0.0)
+    return _times_rotation(a_hi, a_lo, r, D, HADAMARD)
 
 
 @triton.jit
