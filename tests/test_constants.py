@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from turboquant.quant.codebooks import lloyd_max_codebook
-from turboquant.quant.rotation import rotation_matrix, signed_hadamard
+from turboquant.quant.rotation import hadamard_rotation, rotation_matrix, signed_hadamard
 from turboquant.quant.turbo import turbo_centroids
 
 TABLES = {
     "rotation": lambda dev: rotation_matrix(128, 3, device=dev, dtype=torch.float32),
     "rotation-80": lambda dev: rotation_matrix(80, 3, device=dev, dtype=torch.float32),
     "signed-hadamard": lambda dev: signed_hadamard(128, 3, device=dev, dtype=torch.float16),
+    "hadamard-rotation": lambda dev: hadamard_rotation(128, 3, device=dev, dtype=torch.float16),
     "centroids": lambda dev: turbo_centroids(128, 4, device=dev, dtype=torch.float32),
 }
 

@@ -19,7 +19,7 @@ import torch
 
 from .constants import as_constant, as_literals
 
-__all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "signed_hadamard_from_index"]
+__all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "signed_hadamard_from_index", "hadamard_rotation"]
 
 
 def is_power_of_two(n: int) -> bool:
@@ -59,6 +59,17 @@ def signed_hadamard(head_dim: int, seed: int = 0, *, device=None, dtype=torch.fl
     """``M = √d · Rᵀ = diag(σ) · H`` (entries ±1, exact in any float dtype) for a power-of-two
     ``head_dim``: ``x @ M`` is the rotation ``x @ Rᵀ`` times ``√d`` with no rounding in the matrix."""
     return as_constant(_signed_hadamard_cpu, int(head_dim), int(seed), device=device, dtype=dtype)
+
+
+def _hadamard_rotation_cpu(d: int, seed: int) -> torch.Tensor:
+    return _signed_hadamard_cpu(d, seed).T.contiguous()
+
+
+def hadamard_rotation(head_dim: int, seed: int = 0, *, device=None, dtype=torch.float64) -> torch.Tensor:
+    """``√d · R = H · diag(σ)`` for a power-of-two ``head_dim``: :func:`signed_hadamard` transposed,
+    stored row-major like :func:`rotation_matrix`, so a kernel reads its rows (or a row's strided
+    columns) as contiguous runs, as it reads ``R``'s; entries ±1, exact in fp16."""
+    return as_constant(_hadamard_rotation_cpu, int(head_dim), int(seed), device=device, dtype=dtype)
 
 
 @as_literals  # Dynamo takes the words as literals (it does not trace the seeded draw)
