@@ -66,6 +66,7 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3):
         # another minutes apart compare the drift as much as the settings
         with torch._dynamo.config.patch(recompile_limit=16 * len(settings)):
             for setting in settings:
+                t0 = time.perf_counter()
                 if setting == "bf16":
                     model = compiled_baseline(base)
                 else:
@@ -74,6 +75,7 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3):
                 for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the timed calls use
                     timed_generate(model, ids, n, **kw)
                 models[setting] = model
+                print(f"{setting}: compiled and warmed up in {time.perf_counter() - t0:.0f} s", flush=True)
             for _ in range(repeats):  # the least per setting: host-bound timings only ever get slower by noise
                 for setting, model in models.items():
                     timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches

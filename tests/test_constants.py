@@ -9,9 +9,11 @@ for a GPU here: it takes the same per-device path as CUDA.
 import pytest
 import torch
 
+from turboquant.config import KVQuantConfig
 from turboquant.quant.codebooks import lloyd_max_codebook
 from turboquant.quant.rotation import hadamard_rotation, rotation_matrix, signed_hadamard
 from turboquant.quant.turbo import turbo_centroids
+from turboquant.templates.decode_attention import _lut
 
 TABLES = {
     "rotation": lambda dev: rotation_matrix(128, 3, device=dev, dtype=torch.float32),
@@ -19,6 +21,7 @@ TABLES = {
     "signed-hadamard": lambda dev: signed_hadamard(128, 3, device=dev, dtype=torch.float16),
     "hadamard-rotation": lambda dev: hadamard_rotation(128, 3, device=dev, dtype=torch.float16),
     "centroids": lambda dev: turbo_centroids(128, 4, device=dev, dtype=torch.float32),
+    "kernel-centroids": lambda dev: _lut(KVQuantConfig(method="turbo", bits=4).spec("k"), 128, torch.empty(0, device=dev)),
 }
 
 
@@ -27,6 +30,12 @@ def test_a_table_on_a_device_is_one_tensor_for_every_call(name):
     first = TABLES[name]("meta")
     assert first.device.type == "meta"
     assert TABLES[name]("meta") is first
+
+
+def test_kernel_centroids_are_the_fp32_centroids_rounded_to_fp16():
+    want = turbo_centroids(128, 4, dtype=torch.float32).to(torch.float16)
+    got = _lut(KVQuantConfig(method="turbo", bits=4).spec("k"), 128, torch.empty(0))
+    assert got.dtype == torch.float16 and torch.equal(got, want)
 
 
 def test_centroids_are_divided_in_the_callers_dtype():

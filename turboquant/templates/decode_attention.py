@@ -37,6 +37,7 @@ import triton.language as tl
 from .. import compat
 from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
+from ..quant.constants import as_constant
 from ..quant.turbo import turbo_centroids
 
 __all__ = ["decode_attention", "supports"]
@@ -97,7 +98,7 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     """Integer codes (int32) of plane ``S`` from the row words of :func:`_load_row_bytes`."""
     if BITS != 3:
-        c = (b0.to(tl.int32) >> (BITS * S)) & ((1 << BITS) - 1)  # the mask also drops int16 sign bits
+        c = (b0 >> (BITS * S)) & ((1 << BITS) - 1)  # int16 (two codes per register); the mask drops sign bits
     else:
         w0 = b0.to(tl.int32)
         w1 = b1.to(tl.int32)
@@ -247,14 +248,15 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 
 @triton.jit
 def _lookup(lut_ptr, codes, BITS: tl.constexpr):
-    """Centroid values (fp16) of turbo ``codes``: a register gather for ≤ 16 entries, else a cached load."""
+    """Centroid values of turbo ``codes`` from the fp16 table: a register gather for ≤ 16 entries,
+    else a cached load."""
     if BITS <= 4:
         lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
         src = tl.broadcast_to(lut[None, :], (codes.shape[0], 1 << BITS))
         vals = tl.gather(src, codes, axis=1)
     else:
         vals = tl.load(lut_ptr + codes)
-    return vals.to(tl.float16)
+    return vals
 
 
 @triton.constexpr_function
@@ -689,12 +691,17 @@ def _use_asm(q: torch.Tensor) -> bool:
     return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
+def _centroids_fp16(d: int, bits: int) -> torch.Tensor:
+    return turbo_centroids(d, bits, dtype=torch.float32).to(torch.float16)  # the values the MMAs see
+
+
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """The centroids turbo codes index (one copy per device); None for affine, which reads no table
-    (its codes are their own values; the call passes a placeholder pointer)."""
+    """The centroids turbo codes index, in fp16 as the MMAs take them (one copy per device): an fp32
+    table cost a conversion per gathered code; None for affine, which reads no table (its codes
+    are their own values; the call passes a placeholder pointer)."""
     if spec.method != "turbo":
         return None
-    return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
+    return as_constant(_centroids_fp16, d, spec.bits, device=q.device, dtype=torch.float16)
 
 
 @functools.lru_cache(maxsize=None)
