@@ -97,8 +97,10 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
 @triton.jit
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     """Integer codes of plane ``S`` from the row words of :func:`_load_row_bytes`."""
-    if BITS != 3:
-        c = (b0 >> (BITS * S)) & ((1 << BITS) - 1)  # two codes per register; the mask drops sign bits
+    if BITS == 8:  # load offsets: int32 (H200: the int16 form ran turbo 8-bit 869 µs at 32K against 805)
+        c = (b0.to(tl.int32) >> (BITS * S)) & ((1 << BITS) - 1)  # the mask also drops int16 sign bits
+    elif BITS != 3:
+        c = (b0 >> (BITS * S)) & ((1 << BITS) - 1)  # gather indices: two per register; the mask drops sign bits
     else:
         # from int16 words: turbo gathers in a layout of its own, where the byte-packed permutes of
         # _field3_lanes cost more than they save (sm_90 SASS: 82.9 against 73.2 instructions per key)
@@ -250,15 +252,15 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 
 @triton.jit
 def _lookup(lut_ptr, codes, BITS: tl.constexpr):
-    """Centroid values of turbo ``codes`` from the fp16 table: a register gather for ≤ 16 entries,
-    else a cached load."""
+    """Centroid values (fp16) of turbo ``codes``: a register gather for ≤ 16 entries (fp16 table),
+    else a cached load (fp32 table)."""
     if BITS <= 4:
         lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
         src = tl.broadcast_to(lut[None, :], (codes.shape[0], 1 << BITS))
         vals = tl.gather(src, codes, axis=1)
     else:
         vals = tl.load(lut_ptr + codes)
-    return vals
+    return vals.to(tl.float16)
 
 
 @triton.constexpr_function
@@ -698,11 +700,15 @@ def _centroids_fp16(d: int, bits: int) -> torch.Tensor:
 
 
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """The centroids turbo codes index, in fp16 as the MMAs take them (one copy per device): an fp32
-    table cost a conversion per gathered code; None for affine, which reads no table (its codes
-    are their own values; the call passes a placeholder pointer)."""
+    """The centroids turbo codes index (one copy per device): fp16 as the MMAs take them for the
+    gathered tables (≤ 4 bits; an fp32 table cost a conversion per code), fp32 for 8 bits (loaded
+    per code; with an fp16 table and int16 offsets turbo 8-bit ran 869 µs at 32K against 805, H200).
+    None for affine, which reads no table (its codes are their own values; the call passes a
+    placeholder pointer)."""
     if spec.method != "turbo":
         return None
+    if spec.bits > 4:
+        return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
     return as_constant(_centroids_fp16, d, spec.bits, device=q.device, dtype=torch.float16)
 
 
