@@ -7,28 +7,20 @@ wrap that method on the instance: right after it runs, the dense tensors are rep
 preallocated ones). From then on the layer's own ``update`` code — ``torch.cat`` or
 ``index_copy_`` — writes quantized rows through the subclass. The dense preallocation of a
 static layer is released at once (one layer's worth exists for an instant).
-
-A preallocated layer (written in place) holds its quantized cache as plain buffers instead:
-its class becomes a subclass whose ``keys``/``values`` properties wrap the buffers in a
-:class:`~turboquant.cache.QuantizedCacheTensor` on each access. A compiled step then builds the
-wrapper inside its graph, and its inputs are plain tensors: AOTAutograd has no subclass input to
-unwrap on every call (torch 2.11 does that in Python, 0.4–0.8 ms per decode step of a 16-layer
-model on the H200's host).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Optional
 
 import torch
 
-from ..cache import QuantizedCacheTensor, numerics_digest
+from ..cache import QuantizedCacheTensor
 from ..compat import mark_static_address
 from ..config import KVQuantConfig
 
 __all__ = ["is_hf_model", "is_hf_cache", "quantize_cache", "new_dynamic_cache", "kv_shape", "initialize_cache",
-           "call_batch_size", "holds_buffers"]
+           "call_batch_size"]
 
 
 def is_hf_model(model) -> bool:
@@ -90,54 +82,6 @@ def call_batch_size(args, kwargs) -> int:
     return (ids if ids is not None else kwargs["inputs_embeds"]).shape[0]
 
 
-def _held_parts(q: QuantizedCacheTensor) -> tuple:
-    # head_dim as text: Dynamo makes an int attribute that differs between compiles of the same
-    # code (two models' layers) a symbol, and a symbolic head_dim breaks the cache's views
-    return q.codes, q.meta, q.ring, q.ring_pos, q.spec, str(q.head_dim), q.dtype, numerics_digest()
-
-
-def _held_property(role: str) -> property:
-    attr = f"_turboquant_{role}"
-
-    def get(self) -> QuantizedCacheTensor:
-        codes, meta, ring, ring_pos, spec, head_dim, dtype, digest = getattr(self, attr)
-        return QuantizedCacheTensor(codes, meta, spec, int(head_dim), dtype, ring=ring, ring_pos=ring_pos,
-                                    numerics=digest)
-
-    def set(self, value: torch.Tensor) -> None:
-        if not isinstance(value, QuantizedCacheTensor):  # a dense assignment (e.g. a beam reorder): requantized
-            held = getattr(self, attr)
-            window = 0 if held[2] is None else held[2].shape[-2]
-            value = QuantizedCacheTensor.from_dense(value, held[4], window=window)
-        setattr(self, attr, _held_parts(value))
-
-    return property(get, set, doc=f"The layer's quantized {role} (a wrapper over the buffers it holds).")
-
-
-@functools.lru_cache(maxsize=None)
-def _held_class(cls: type) -> type:
-    """``cls`` with ``keys``/``values`` built from held buffers (one subclass per layer class)."""
-    return type(cls.__name__, (cls,), {"keys": _held_property("keys"), "values": _held_property("values"),
-                                      "__module__": cls.__module__, "_turboquant_held": True})
-
-
-def holds_buffers(layer) -> bool:
-    """Whether a cache layer holds its quantized K/V as plain buffers (see the module doc)."""
-    return getattr(type(layer), "_turboquant_held", False)
-
-
-def _hold_buffers(layer, keys: QuantizedCacheTensor, values: QuantizedCacheTensor) -> None:
-    if not holds_buffers(layer):
-        for name in ("keys", "values"):
-            layer.__dict__.pop(name, None)
-        layer.__class__ = _held_class(type(layer))
-    layer.keys, layer.values = keys, values
-    for q in (keys, values):  # written in place at fixed addresses (CUDA graphs), re-initialized ones too
-        for t in (q.codes, q.meta, q.ring, q.ring_pos):
-            if t is not None:
-                mark_static_address(t)
-
-
 def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) -> QuantizedCacheTensor:
     if isinstance(x, QuantizedCacheTensor):
         return x
@@ -155,21 +99,10 @@ def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) ->
     return QuantizedCacheTensor.from_dense(x, spec, window=window)
 
 
-def _preallocated(x) -> bool:
-    return isinstance(x, torch.Tensor) and not isinstance(x, QuantizedCacheTensor) and x.dim() > 1 \
-        and not bool(x.any())
-
-
 def _convert_layer(layer, config: KVQuantConfig, key_states, value_states) -> None:
     w = config.residual_window
-    # written in place: plain buffers suffice (a held layer initialized again stays held)
-    in_place = holds_buffers(layer) or (_preallocated(layer.keys) and _preallocated(layer.values))
-    keys = _to_quantized(layer.keys, key_states, config.spec("k"), w)
-    values = _to_quantized(layer.values, value_states, config.spec("v"), w)
-    if in_place:
-        _hold_buffers(layer, keys, values)
-    else:
-        layer.keys, layer.values = keys, values
+    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"), w)
+    layer.values = _to_quantized(layer.values, value_states, config.spec("v"), w)
 
 
 def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
