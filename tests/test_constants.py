@@ -15,13 +15,14 @@ from turboquant.quant.rotation import hadamard_rotation, rotation_matrix, signed
 from turboquant.quant.turbo import turbo_centroids
 from turboquant.templates.decode_attention import _lut
 
+TURBO_4 = KVQuantConfig(method="turbo", bits=4).spec("k")
 TABLES = {
     "rotation": lambda dev: rotation_matrix(128, 3, device=dev, dtype=torch.float32),
     "rotation-80": lambda dev: rotation_matrix(80, 3, device=dev, dtype=torch.float32),
     "signed-hadamard": lambda dev: signed_hadamard(128, 3, device=dev, dtype=torch.float16),
     "hadamard-rotation": lambda dev: hadamard_rotation(128, 3, device=dev, dtype=torch.float16),
     "centroids": lambda dev: turbo_centroids(128, 4, device=dev, dtype=torch.float32),
-    "kernel-centroids": lambda dev: _lut(KVQuantConfig(method="turbo", bits=4).spec("k"), 128, torch.empty(0, device=dev)),
+    "kernel-centroids": lambda dev: _lut(TURBO_4, 128, torch.empty(0, device=dev)),
 }
 
 
@@ -34,7 +35,7 @@ def test_a_table_on_a_device_is_one_tensor_for_every_call(name):
 
 def test_kernel_centroids_are_the_fp32_centroids_rounded_to_fp16():
     want = turbo_centroids(128, 4, dtype=torch.float32).to(torch.float16)
-    got = _lut(KVQuantConfig(method="turbo", bits=4).spec("k"), 128, torch.empty(0))
+    got = _lut(TURBO_4, 128, torch.empty(0))
     assert got.dtype == torch.float16 and torch.equal(got, want)
 
 

@@ -12,8 +12,8 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   value folded into the query planes;
 * affine values: the V scale is folded into the probabilities, ``acc += (p·s) @ c`` and the
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
-* 3-bit affine: fields inside one byte masked in place likewise; the two that straddle bytes
-  are assembled first;
+* 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
+  plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
 * turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs; for a power-of-two head_dim the kernels read
   ``√d · R``, a signed Hadamard matrix, exact ±1 in fp16), norms scale the scores and the
@@ -36,8 +36,8 @@ import triton.language as tl
 
 from .. import compat
 from ..config import TensorQuantSpec
-from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.constants import as_constant
+from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
 
 __all__ = ["decode_attention", "supports"]
@@ -102,8 +102,8 @@ def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     elif BITS != 3:
         c = (b0 >> (BITS * S)) & ((1 << BITS) - 1)  # gather indices: two per register; the mask drops sign bits
     else:
-        # from int16 words: turbo gathers in a layout of its own, where the byte-packed permutes of
-        # _field3_lanes cost more than they save (sm_90 SASS: 82.9 against 73.2 instructions per key)
+        # int16 words (int32 ones: 73.2 instructions per key against 69.2, sm_90 SASS); turbo gathers
+        # in a layout of its own, where _field3_lanes' byte-packed permutes cost more (82.9)
         w0 = b0.to(tl.int16)
         w1 = b1.to(tl.int16)
         w2 = b2.to(tl.int16)
@@ -207,8 +207,8 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
     """3-bit plane ``S``'s fields in place in int16 lanes (``code << _field3_shift(S)``): the lane is a
     byte of the plane that holds the field's low bits, with the next byte plane above it, masked to
     the field; a field inside one byte needs no high byte (planes 2 and 5 straddle two). Four codes
-    cost two permutes and an AND (three ANDs and permutes for the straddling planes) on byte-packed
-    registers, where unpacking each byte took three instructions per two codes."""
+    cost an AND and two permutes (two permutes and two ANDs for a straddling plane) on byte-packed
+    registers, where Triton's unpacking of each byte took three instructions per two codes."""
     SHIFT: tl.constexpr = _field3_shift(S)
     MASK: tl.constexpr = 7 << SHIFT
     STRADDLES: tl.constexpr = SHIFT > 5
