@@ -114,6 +114,43 @@ def test_property(method, k_bits, v_bits, g, L, S, seed):
     assert _rel(out, ref) < TOL
 
 
+def _run_ptx(asm: str, inputs: list) -> list:
+    """The ``and.b32``/``prmt.b32`` (default mode) instructions of ``asm`` on 32-bit ``inputs``
+    (``$2``, ``$3``, …); returns ``$0`` and ``$1``."""
+    import re
+
+    regs = {f"${i + 2}": v for i, v in enumerate(inputs)}
+    value = lambda x: regs[x] if x in regs else int(x, 0)  # noqa: E731
+    for op, operands in re.findall(r"(and\.b32|prmt\.b32)\s+([^;]+);", asm):
+        d, *src = [x.strip() for x in operands.split(",")]
+        if op == "and.b32":
+            regs[d] = value(src[0]) & value(src[1])
+        else:
+            pool = [(value(src[i // 4]) >> (8 * (i % 4))) & 0xFF for i in range(8)]
+            regs[d] = sum(pool[(value(src[2]) >> (4 * k)) & 7] << (8 * k) for k in range(4))
+    return [regs["$0"], regs["$1"]]
+
+
+def test_3bit_lane_permutes_put_each_code_in_place():
+    """The PTX of the 3-bit planes (GPU only) against the layout: lane k of plane s holds
+    ``code · 2^(3s mod 8)``, the code of dim ``8t + s`` of word k (bytes ``b0 | b1 << 8 | b2 << 16``)."""
+    from turboquant.templates import decode_attention as da
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        planes = torch.randint(0, 256, (3, 4), generator=gen).tolist()  # 4 words: bytes of 3 planes
+        regs = [sum(b << (8 * k) for k, b in enumerate(plane)) for plane in planes]
+        for s in range(8):
+            shift = (3 * s) % 8
+            lo = (3 * s) // 8
+            asm = (da._pair3_asm.fn(7 << shift) if shift > 5 else da._byte3_asm.fn(7 << shift))
+            out = _run_ptx(asm, regs[lo:lo + 2] if shift > 5 else regs[lo:lo + 1])
+            lanes = [out[k // 2] >> (16 * (k % 2)) & 0xFFFF for k in range(4)]
+            words = [planes[0][k] | planes[1][k] << 8 | planes[2][k] << 16 for k in range(4)]
+            assert lanes == [((w >> (3 * s)) & 7) << shift for w in words], s
+            assert da._field_unit.fn(3, False, s) == 2.0 ** (shift - 24)
+
+
 def test_supports_names_what_it_leaves_to_the_fallback():
     q = torch.zeros(1, 4, 9, 64)
     spec = KVQuantConfig().spec("k")
