@@ -49,7 +49,7 @@ def _generate(m, ids, n, force=None, **kw):
 
 def _eager_quantized(model, ids, n, cfg):
     cache = transformers.DynamicCache(config=model.config)
-    quantize_cache(cache, lambda i: cfg)
+    quantize_cache(cache, lambda i: cfg)  # the layer index picks a calibrated config's frame
     return _generate(model, ids, n, past_key_values=cache)
 
 
@@ -65,18 +65,27 @@ def _rel_err(got, want):
     return float((got - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("method, bits", [("affine", 4), ("turbo", 3), ("affine", 8)])
+@pytest.fixture(scope="module")
+def frames(model):
+    from turboquant.eval.corpus import calibration_windows
+
+    return turboquant.calibrate(model, calibration_windows(None, 4, 1024).cuda())
+
+
+@pytest.mark.parametrize("method, bits, calibrated", [("affine", 4, False), ("turbo", 3, False), ("affine", 8, False),
+                                                      ("turbo", 4, True)])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_compiled_cuda_generation_matches_the_eager_quantized_path(model, method, bits, cache):
+def test_compiled_cuda_generation_matches_the_eager_quantized_path(model, frames, method, bits, calibrated, cache):
     """Compiled generation computes what eager generation over the quantized cache computes, up to
     floating-point noise. Compared over the eager path's tokens (forced through generate): free
     greedy paths may part for good after one code flips at a rounding boundary (the compiled
     matmuls sum in another order), and then nothing after it compares."""
     ids, n = _prompts(), 24
-    cfg = turboquant.KVQuantConfig(method=method, bits=bits)
+    options = dict(method=method, bits=bits, frames=frames if calibrated else None)
+    cfg = turboquant.KVQuantConfig(**options)
     ref_tokens, ref_logits = _eager_quantized(model, ids, n, cfg)
     plain_logits = _generate(model, ids, n, force=ref_tokens)[1]
-    compiled = turboquant.compile(copy.deepcopy(model), method=method, bits=bits)
+    compiled = turboquant.compile(copy.deepcopy(model), **options)
     kw = {"cache_implementation": "static"} if cache == "static" else {}
     tokens, logits = _generate(compiled, ids, n, force=ref_tokens, **kw)
     assert torch.equal(tokens, ref_tokens)

@@ -33,6 +33,11 @@ W, ``ring_pos [W]`` the position each slot holds, -1 when empty). Every read —
 decoded copies — takes a position from the ring when the ring holds it and from the codes
 otherwise. Writes along the sequence dim (-2) keep the ring current; the sequence dim must
 stay at -2 in the views attention reads.
+
+**Frame** (``KVQuantConfig.frames``, :mod:`turboquant.calibration`): the tensor also holds its
+layer's calibrated frame ``frame [..., 2, D]`` (row 0 the shift ``μ``, row 1 the scale ``s``, one
+per head). Writes store ``quantize((x − μ) · s)``; reads decode ``decode / s + μ``; attention
+moves the query (``q / s``) instead of the codes. Like the ring it keeps the sequence dim at -2.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from torch.utils._pytree import tree_map
 
 from .compat import schedules_with_triton
 from .config import TensorQuantSpec
+from .calibration import frame_rows, unframe_rows
 from .ops import decode_buffers, overlay_ring, spec_args
 from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
 from .quant.turbo import turbo_quantize_packed
@@ -96,11 +102,13 @@ class QuantizedCacheTensor(torch.Tensor):
     head_dim: int
     ring: Optional[torch.Tensor]
     ring_pos: Optional[torch.Tensor]
+    frame: Optional[torch.Tensor]
     head_repeat: int
 
     @staticmethod
     def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
-                dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None, head_repeat=1):
+                dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None, head_repeat=1,
+                frame=None):
         if outer_size is None and head_repeat > 1:  # [..., H·g, S, D], as the copy repeat_kv would make
             outer_size = (*codes.shape[:-3], codes.shape[-3] * head_repeat, codes.shape[-2], head_dim)
             outer_stride = _contiguous_strides(outer_size)
@@ -114,13 +122,14 @@ class QuantizedCacheTensor(torch.Tensor):
                                                    device=codes.device, requires_grad=False)
 
     def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None, ring=None,
-                 ring_pos=None, head_repeat=1):
+                 ring_pos=None, head_repeat=1, frame=None):
         self.codes = codes
         self.meta = meta
         self.spec = spec
         self.head_dim = head_dim
         self.ring = ring
         self.ring_pos = ring_pos
+        self.frame = frame
         self.head_repeat = head_repeat
 
     @property
@@ -131,27 +140,32 @@ class QuantizedCacheTensor(torch.Tensor):
     # -- construction ------------------------------------------------------------------
     @classmethod
     def empty(cls, shape, spec: TensorQuantSpec, *, dtype=torch.bfloat16, device=None,
-              window: int = 0) -> "QuantizedCacheTensor":
-        """A zero-filled cache of dense shape ``shape`` (decodes to zeros); ``window``: residual window."""
+              window: int = 0, frame: Optional[torch.Tensor] = None) -> "QuantizedCacheTensor":
+        """A zero-filled cache of dense shape ``shape`` (decodes to zeros, or to ``μ`` with a frame);
+        ``window``: residual window; ``frame``: the layer's ``[Hkv, 2, D]`` frame, or None."""
         *lead, d = shape
         spec.check_head_dim(d)
         codes = torch.zeros(*lead, packed_size(d, spec.bits), dtype=torch.uint8, device=device)
         meta_width, meta_dtype = _meta_layout(spec, d)
         meta = torch.zeros(*lead, meta_width, dtype=meta_dtype, device=device)
         ring, ring_pos = _empty_ring(lead[:-1], window, d, dtype, device)
-        return cls(codes, meta, spec, d, dtype, ring=ring, ring_pos=ring_pos)
+        return cls(codes, meta, spec, d, dtype, ring=ring, ring_pos=ring_pos,
+                   frame=_held_frame(frame, lead[:-1], d, device))
 
     @classmethod
-    def from_dense(cls, x: torch.Tensor, spec: TensorQuantSpec, window: int = 0) -> "QuantizedCacheTensor":
-        codes, meta = _encode_rows(x, spec)
+    def from_dense(cls, x: torch.Tensor, spec: TensorQuantSpec, window: int = 0,
+                   frame: Optional[torch.Tensor] = None) -> "QuantizedCacheTensor":
+        frame = _held_frame(frame, x.shape[:-2], x.shape[-1], x.device)
+        codes, meta = _encode_rows(x if frame is None else frame_rows(x, frame), spec)
         ring, ring_pos = _empty_ring(x.shape[:-2], window, x.shape[-1], x.dtype, x.device)
         if ring is not None:
             ring, ring_pos = _ring_written(ring, ring_pos, x, torch.arange(x.shape[-2], device=x.device))
-        return cls(codes, meta, spec, x.shape[-1], x.dtype, ring=ring, ring_pos=ring_pos)
+        return cls(codes, meta, spec, x.shape[-1], x.dtype, ring=ring, ring_pos=ring_pos, frame=frame)
 
     # -- tracing support ---------------------------------------------------------------
     def __tensor_flatten__(self):
-        names = ["codes", "meta"] + (["ring", "ring_pos"] if self.ring is not None else [])
+        names = ["codes", "meta"] + (["ring", "ring_pos"] if self.ring is not None else []) + \
+            (["frame"] if self.frame is not None else [])
         return names, (self.spec, self.head_dim, self.dtype, self.head_repeat)
 
     @staticmethod
@@ -160,7 +174,8 @@ class QuantizedCacheTensor(torch.Tensor):
         # the outer size/stride Dynamo traced with (symbols with sources), not ones re-derived
         # from the inner tensors: derived expressions carry symbols no guard can name
         return QuantizedCacheTensor(inner["codes"], inner["meta"], spec, head_dim, dtype, outer_size, outer_stride,
-                                    ring=inner.get("ring"), ring_pos=inner.get("ring_pos"), head_repeat=head_repeat)
+                                    ring=inner.get("ring"), ring_pos=inner.get("ring_pos"), head_repeat=head_repeat,
+                                    frame=inner.get("frame"))
 
     def _stable_hash_for_caching(self) -> str:
         # the AOT/FX graph caches key subclass inputs by this string alone: it must pin the inner
@@ -170,7 +185,8 @@ class QuantizedCacheTensor(torch.Tensor):
         return (f"turboquant.QuantizedCacheTensor:{_numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
                 f"{self.head_repeat}:"
                 f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}:"
-                f"{None if self.ring is None else (tuple(self.ring.shape), self.ring.stride())}")
+                f"{None if self.ring is None else (tuple(self.ring.shape), self.ring.stride())}:"
+                f"{None if self.frame is None else (tuple(self.frame.shape), self.frame.stride())}")
 
     def __repr__(self):
         return (f"QuantizedCacheTensor(shape={tuple(self.shape)}, dtype={self.dtype}, method={self.spec.method}, "
@@ -178,12 +194,18 @@ class QuantizedCacheTensor(torch.Tensor):
 
     @property
     def quantized_nbytes(self) -> int:
-        """Bytes of codes plus metadata, plus the residual window's ring (what this cache really holds)."""
+        """Bytes of codes plus metadata, plus the residual window's ring (what this cache really holds;
+        a frame is a constant of the layer, ``2·D`` floats per head, not counted)."""
         held = [self.codes, self.meta] + ([self.ring, self.ring_pos] if self.ring is not None else [])
         return sum(t.numel() * t.element_size() for t in held)
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        dense = decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype or self.dtype)
+        dtype = dtype or self.dtype
+        if self.frame is None:
+            dense = decode_buffers(self.codes, self.meta, self.spec, self.head_dim, dtype)
+        else:
+            dense = unframe_rows(decode_buffers(self.codes, self.meta, self.spec, self.head_dim, torch.float32),
+                                 self.frame).to(dtype)
         dense = dense if self.ring is None else overlay_ring(dense, self.ring, self.ring_pos)
         return dense if self.head_repeat == 1 else dense.repeat_interleave(self.head_repeat, dim=-3)
 
@@ -289,10 +311,30 @@ def _write_ring_(dst: "QuantizedCacheTensor", rows, positions) -> None:
     dst.ring_pos.index_copy_(0, slots, positions)
 
 
+def _held_frame(frame, lead, d: int, device):
+    """A layer's ``[Hkv, 2, D]`` frame as the cache holds it: ``[*lead, 2, D]`` (lead ends with Hkv),
+    contiguous (views that merge leading dims must be able to view it as they view the codes)."""
+    if frame is None:
+        return None
+    if frame.dim() != 3 or tuple(frame.shape[1:]) != (2, d) or not lead or frame.shape[0] != lead[-1]:
+        raise ValueError(f"turboquant: a frame of shape {tuple(frame.shape)} for a cache of heads x head_dim "
+                         f"{tuple(lead[-1:])} x {d}; allowed: [kv_heads, 2, head_dim] of the same model")
+    frame = frame.to(device=device, dtype=torch.float32)
+    return frame.reshape(*(1,) * (len(lead) - 1), *frame.shape).expand(*lead, 2, d).contiguous()
+
+
+def _seq_held(t) -> bool:
+    """Whether ``t`` holds tensors (a residual window's ring, a frame) that need the sequence at dim -2."""
+    return t.ring is not None or t.frame is not None
+
+
 def _no_ring(t, what: str) -> None:
     if t.ring is not None:
         raise UnsupportedCacheOperation(f"turboquant: {what} on a quantized KV cache with a residual window is not "
                                         "supported (the window needs the sequence at dim -2); use residual_window=0")
+    if t.frame is not None:
+        raise UnsupportedCacheOperation(f"turboquant: {what} on a quantized KV cache with a calibrated frame is not "
+                                        "supported (the frame needs the sequence at dim -2); use frames=None")
 
 
 def _dense(x):
@@ -305,8 +347,9 @@ def _expand_heads(x):
         return x
     g = x.head_repeat
     ring = None if x.ring is None else x.ring.repeat_interleave(g, dim=-3)
+    frame = None if x.frame is None else x.frame.repeat_interleave(g, dim=-3)
     return QuantizedCacheTensor(x.codes.repeat_interleave(g, dim=-3), x.meta.repeat_interleave(g, dim=-3), x.spec,
-                                x.head_dim, x.dtype, ring=ring, ring_pos=x.ring_pos)
+                                x.head_dim, x.dtype, ring=ring, ring_pos=x.ring_pos, frame=frame)
 
 
 def _any_head_repeat(args, kwargs) -> bool:
@@ -321,7 +364,7 @@ def _any_head_repeat(args, kwargs) -> bool:
 def _gqa_expanded(t) -> bool:
     """``t`` is ``[..., H, g, S, D]`` expanded along g (stride 0), as repeat_kv makes it."""
     return t.dim() >= 4 and t.shape[-3] > 1 and all(
-        x.stride(-3) == 0 for x in (t.codes, t.meta, t.ring) if x is not None)
+        x.stride(-3) == 0 for x in (t.codes, t.meta, t.ring, t.frame) if x is not None)
 
 
 def _heads_repeated(t, size):
@@ -333,20 +376,23 @@ def _heads_repeated(t, size):
     if list(size[:-2]) != want[:-2] or size[-2] not in (-1, want[-2]) or size[-1] not in (-1, want[-1]):
         return None
     ring = None if t.ring is None else t.ring.select(-3, 0)
+    frame = None if t.frame is None else t.frame.select(-3, 0)
     return QuantizedCacheTensor(t.codes.select(-3, 0), t.meta.select(-3, 0), t.spec, t.head_dim, t.dtype,
-                                ring=ring, ring_pos=t.ring_pos, head_repeat=t.shape[-3])
+                                ring=ring, ring_pos=t.ring_pos, head_repeat=t.shape[-3], frame=frame)
 
 
-def _like(t: QuantizedCacheTensor, codes, meta, ring=None, ring_pos=None) -> QuantizedCacheTensor:
+def _like(t: QuantizedCacheTensor, codes, meta, ring=None, ring_pos=None, frame=None) -> QuantizedCacheTensor:
     if ring is None:
         ring, ring_pos = t.ring, t.ring_pos
-    return QuantizedCacheTensor(codes, meta, t.spec, t.head_dim, t.dtype, ring=ring, ring_pos=ring_pos)
+    return QuantizedCacheTensor(codes, meta, t.spec, t.head_dim, t.dtype, ring=ring, ring_pos=ring_pos,
+                                frame=t.frame if frame is None else frame)
 
 
 def _same_view(t, fn, ring_fn=None):
-    """The view ``fn`` of codes and meta; the ring takes ``ring_fn`` (default ``fn``)."""
+    """The view ``fn`` of codes and meta; the ring and the frame take ``ring_fn`` (default ``fn``)."""
     ring = None if t.ring is None else (ring_fn or fn)(t.ring)
-    return _like(t, fn(t.codes), fn(t.meta), ring, t.ring_pos)
+    frame = None if t.frame is None else (ring_fn or fn)(t.frame)
+    return _like(t, fn(t.codes), fn(t.meta), ring, t.ring_pos, frame)
 
 
 def _not_head_dim(t, dim: int, what) -> int:
@@ -367,7 +413,7 @@ def _dim_view(func, t, dim, *rest, **kw):
             _no_ring(t, "unsqueeze between the sequence and head_dim")
         return _same_view(t, lambda x: func(x, dim))
     dim = _not_head_dim(t, dim, func)
-    if dim == t.dim() - 2 and t.ring is not None:
+    if dim == t.dim() - 2 and _seq_held(t):
         if func is not aten.slice.Tensor:
             _no_ring(t, f"{func} of the sequence dim")
         return _same_view(t, lambda x: func(x, dim, *rest, **kw), ring_fn=lambda r: r)  # positions index the ring
@@ -384,13 +430,16 @@ def _size_view(func, t, size, *rest, **kw):
             return repeated
         if _expanded(t):  # a clone kept lazy (_clone) that this view cannot keep lazy: copy now
             t = _same_view(t, lambda x: x.contiguous())
-    ring = None
-    if t.ring is not None:
+    ring = frame = None
+    if _seq_held(t):
         if len(size) < 2 or t.dim() < 2 or not (size[-2] == -1 or size[-2] == t.shape[-2]):
             _no_ring(t, f"{func} to size {size}")
-        ring = func(t.ring, size[:-2] + [-1 if size[-2] == -1 else t.window, t.head_dim], *rest, **kw)
+        if t.ring is not None:
+            ring = func(t.ring, size[:-2] + [-1 if size[-2] == -1 else t.window, t.head_dim], *rest, **kw)
+        if t.frame is not None:
+            frame = func(t.frame, size[:-2] + [-1 if size[-2] == -1 else 2, t.head_dim], *rest, **kw)
     return _like(t, func(t.codes, size[:-1] + [t.codes.shape[-1]], *rest, **kw),
-                 func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw), ring, t.ring_pos)
+                 func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw), ring, t.ring_pos, frame)
 
 
 def _mutates_a_cache(func, args, kwargs) -> bool:
@@ -404,13 +453,17 @@ def _mutates_a_cache(func, args, kwargs) -> bool:
 
 
 def _rows_for(dst: QuantizedCacheTensor, src) -> tuple:
-    """Encoded (codes, meta) of ``src`` for writing into ``dst``'s spec."""
+    """Encoded (codes, meta) of ``src`` for writing into ``dst``'s spec (and frame: two caches that both
+    hold one are taken to be of the same layer, hence the same frame)."""
     if isinstance(src, QuantizedCacheTensor):
-        if src.spec != dst.spec:
+        if src.spec != dst.spec or (src.frame is None) != (dst.frame is None):
             src = src.dequantize()
         else:
             return src.codes, src.meta
-    return _encode_rows(src.to(dst.dtype) if src.dtype != dst.dtype else src, dst.spec)
+    src = src.to(dst.dtype) if src.dtype != dst.dtype else src
+    if dst.frame is not None:
+        src = frame_rows(src, dst.frame)
+    return _encode_rows(src, dst.spec)
 
 
 def _copy_(func, dst, src, non_blocking=False):
@@ -428,13 +481,12 @@ def _copy_(func, dst, src, non_blocking=False):
 
 def _index_copy_(func, dst, dim, index, src):
     dim = _not_head_dim(dst, dim, "index_copy_")
+    if _seq_held(dst) and dim != dst.dim() - 2:
+        _no_ring(dst, f"index_copy_ along dim {dim}")
     codes, meta = _rows_for(dst, src)
     dst.codes.index_copy_(dim, index, codes)
     dst.meta.index_copy_(dim, index, meta)
-    if dst.ring is not None:
-        if dim != dst.dim() - 2:
-            _no_ring(dst, f"index_copy_ along dim {dim}")
-        _write_ring_(dst, src, index)
+    _write_ring_(dst, src, index)
     return dst
 
 
@@ -448,13 +500,14 @@ def _index_put_(func, dst, indices, values, accumulate=False):
     probe = torch.empty(target, device="meta")[tuple(slice(None) if i is None else i.to("meta") for i in indices)]
     values = values.expand(*probe.shape, *dst.shape[len(indices):]) if not isinstance(values, QuantizedCacheTensor) \
         else values
-    codes, meta = _rows_for(dst, values)
-    func(dst.codes, indices, codes)
-    func(dst.meta, indices, meta)
-    if dst.ring is not None:  # k_cache[:, :, pos] = k (gpt-fast): a write along the sequence dim
+    if _seq_held(dst):  # k_cache[:, :, pos] = k (gpt-fast): a write along the sequence dim
         seq = len(indices) == dst.dim() - 1 and all(i is None for i in indices[:-1])
         if not (seq and indices[-1] is not None and indices[-1].dim() == 1):
             _no_ring(dst, "index_put_ other than cache[..., positions, :] = rows")
+    codes, meta = _rows_for(dst, values)
+    func(dst.codes, indices, codes)
+    func(dst.meta, indices, meta)
+    if dst.ring is not None:
         _write_ring_(dst, values, indices[-1])
     return dst
 
@@ -474,9 +527,9 @@ def _cat(func, tensors, dim=0):
     kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
     parts = [_rows_for(first, t) for t in kept]
     ring = ring_pos = None
+    if _seq_held(first) and (dim != first.dim() - 2 or kept[0] is not first):
+        _no_ring(first, "cat other than cat([cache, new_rows], dim=-2)")
     if first.ring is not None:
-        if dim != first.dim() - 2 or kept[0] is not first:
-            _no_ring(first, "cat other than cat([cache, new_rows], dim=-2)")
         rows = torch.cat([_dense(t).to(first.dtype) for t in kept[1:]], dim) if len(kept) > 1 else None
         ring, ring_pos = first.ring, first.ring_pos
         if rows is not None:
@@ -509,7 +562,8 @@ def _to_copy(func, t, dtype=None, device=None, **kw):
         return _clone(func, t)
     ring = None if t.ring is None else t.ring.to(device=device)
     ring_pos = None if t.ring is None else t.ring_pos.to(device=device)
-    return _like(t, t.codes.to(device=device), t.meta.to(device=device), ring, ring_pos)
+    frame = None if t.frame is None else t.frame.to(device=device)
+    return _like(t, t.codes.to(device=device), t.meta.to(device=device), ring, ring_pos, frame)
 
 
 def _transpose(func, t, d0, d1):
@@ -555,7 +609,8 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
         return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
                                               is_causal, scale, spec_args(key.spec), spec_args(value.spec),
                                               key.head_dim, value.head_dim, float(softcap or 0.0),
-                                              key.ring, key.ring_pos, value.ring, value.ring_pos)
+                                              key.ring, key.ring_pos, value.ring, value.ring_pos,
+                                              key.frame, value.frame)
     key, value = _dense(key), _dense(value)
     w = torch.matmul(query, key.transpose(-2, -1)) * scale
     if softcap:

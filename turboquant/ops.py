@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .calibration import frame_rows, unframe_rows
 from .config import TensorQuantSpec
 from .quant.affine import metadata_pair
 from .quant.packed import decode
@@ -72,14 +73,21 @@ def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor
     return torch.where(held[:, None], from_ring, dense)
 
 
+def _decoded(codes, meta, spec, head_dim, frame, work):
+    if frame is None:
+        return decode_buffers(codes, meta, spec, head_dim, work)
+    return unframe_rows(decode_buffers(codes, meta, spec, head_dim, torch.float32), frame).to(work)
+
+
 def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                       v_head_dim, softcap, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
+                       v_head_dim, softcap, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
+                       k_frame=None, v_frame=None):
     """Decode the caches and attend: in float32 on the CPU; in q's dtype on a GPU, where this serves
     prefill and the shapes the decode kernel does not cover."""
     half = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
     work = q.dtype if half else torch.float32
-    k = decode_buffers(k_codes, k_meta, _spec_from_args(k_spec), head_dim, work)
-    v = decode_buffers(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, work)
+    k = _decoded(k_codes, k_meta, _spec_from_args(k_spec), head_dim, k_frame, work)
+    v = _decoded(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, v_frame, work)
     if k_ring is not None:
         k = overlay_ring(k, k_ring, k_ring_pos)
     if v_ring is not None:
@@ -111,7 +119,7 @@ _LIB.define(
     "attention(Tensor q, Tensor k_codes, Tensor k_meta, Tensor v_codes, Tensor v_meta, Tensor? attn_mask, "
     "bool is_causal, float scale, SymInt[] k_spec, SymInt[] v_spec, SymInt head_dim, SymInt v_head_dim, "
     "float softcap=0., Tensor? k_ring=None, Tensor? k_ring_pos=None, Tensor? v_ring=None, "
-    "Tensor? v_ring_pos=None) -> Tensor",
+    "Tensor? v_ring_pos=None, Tensor? k_frame=None, Tensor? v_frame=None) -> Tensor",
     tags=(torch.Tag.pt2_compliant_tag,))
 
 
@@ -131,30 +139,48 @@ def _without_grad(kernel):
 
 @_without_grad
 def _attention_cpu(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                   v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
+                   v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
+                   k_frame=None, v_frame=None):
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
-                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)
+                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
+
+
+def _per_query_head(frame: torch.Tensor, hq: int) -> torch.Tensor:
+    """``frame [B, Hkv, 2, D]`` repeated for the ``hq`` query heads that read it: ``[B, hq, 2, D]``."""
+    return frame.repeat_interleave(hq // frame.shape[-3], dim=-3)
 
 
 @_without_grad
 def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                    v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
+                    v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
+                    k_frame=None, v_frame=None):
     from .templates import decode_attention as kernel  # Triton: imported only where a GPU runs
 
     ks, vs = _specs(tuple(k_spec), tuple(v_spec))
     # a residual window's ring is one more partial of the kernel's split merge; K and V rings are
     # written together, so one position table serves both
     rings_ok = (k_ring is None) == (v_ring is None)
-    if rings_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
-        return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
-                                       is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
-                                       v_ring=v_ring, ring_pos=k_ring_pos)
+    # a frame moves the query instead of the codes: (q/s)·(k−μ)s = q·k − q·μ, a shift per query row
+    # that softmax ignores — but a soft-cap does not, so soft-capped framed keys decode instead
+    frames_ok = k_frame is None or not softcap
+    if rings_ok and frames_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
+        if k_frame is not None:
+            s = _per_query_head(k_frame, q.shape[1])[..., 1:2, :]
+            q = (q.float() / s).to(q.dtype)
+            k_ring = None if k_ring is None else frame_rows(k_ring, k_frame).to(k_ring.dtype)
+        if v_frame is not None and v_ring is not None:
+            v_ring = frame_rows(v_ring, v_frame).to(v_ring.dtype)
+        out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
+                                      is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
+                                      v_ring=v_ring, ring_pos=k_ring_pos)
+        return out if v_frame is None else unframe_rows(out, _per_query_head(v_frame, q.shape[1]))
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
-                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos)
+                              head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 
 
 def _attention_fake(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-                    v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None):
+                    v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
+                    k_frame=None, v_frame=None):
     return q.new_empty((*q.shape[:-1], v_head_dim))
 
 
@@ -167,10 +193,13 @@ torch.library.register_fake("turboquant::attention", _attention_fake, lib=_LIB)
 attention = torch.ops.turboquant.attention
 """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv):
 ``attention(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
-v_head_dim, softcap=0., k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None)``.
+v_head_dim, softcap=0., k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None, k_frame=None,
+v_frame=None)``.
 
 ``*_spec``: :func:`spec_args` of each cache's spec. ``softcap > 0`` caps the scores as
 :func:`turboquant.quant.reference.masked_softmax` does. ``*_ring``/``*_ring_pos``: the residual
 window (:mod:`turboquant.cache`); the positions a ring holds are read from it in full precision.
+``*_frame [B, Hkv, 2, D]``: a calibrated frame (:mod:`turboquant.calibration`): the codes hold
+``(x − μ)·s`` and decode to ``decode / s + μ``; the ring holds rows as written.
 On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention` (a
 residual window's ring as one more merged partial); everything else decodes and attends."""

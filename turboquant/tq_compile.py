@@ -201,7 +201,8 @@ def _swapping_entry(gm, to_swap, state: CompileState):
                     state.record(LayerReport(layer, site.k.source, site.v.source, "/".join(site.k.writes),
                                              site.read, "dense", reason))
                     continue
-                q = QuantizedCacheTensor.from_dense(t, config.spec(role), window=config.residual_window)
+                q = QuantizedCacheTensor.from_dense(t, config.spec(role), window=config.residual_window,
+                                                    frame=config.frame(_model_layer(site), role))
                 for d, key in slots:
                     d[key] = q
                 args[i] = q
@@ -286,8 +287,9 @@ def compile(model, bits: int = 4, **options):
             or a model with cache buffers (gpt-fast, Meta llama style).
         bits: code width of K and V (2, 3, 4, 8).
         **options: :class:`~turboquant.KVQuantConfig` fields (``method``, ``k_bits``,
-            ``v_bits``, ``group_size``, ``clip_percentile``, ``metadata_dtype``, ``seed``) and
-            torch.compile's ``mode``, ``fullgraph``, ``dynamic``.
+            ``v_bits``, ``group_size``, ``clip_percentile``, ``metadata_dtype``, ``seed``,
+            ``protected_layers``, ``residual_window``, ``frames`` from :func:`turboquant.calibrate`, …)
+            and torch.compile's ``mode``, ``fullgraph``, ``dynamic``.
 
     Raises:
         ValueError: an unknown option or an invalid value, before anything is traced.

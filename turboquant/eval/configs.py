@@ -16,6 +16,9 @@ unquantized model; also ``unquantized``, ``dense``). Options, each introduced by
 ``rN``    residual_window=N: the N most   ``turbo-3-r16``
           recent positions in full
           precision
+``fN``    frames calibrated on N windows  ``turbo-4-f8``
+          of training text
+          (:func:`turboquant.calibrate`)
 ========  ==============================  =====================================
 
 A new option is one entry in :data:`_OPTIONS`: a prefix, the ``turboquant.compile`` keyword it
@@ -50,6 +53,13 @@ def _boundary_layers(text: str) -> Tuple[int, ...]:
     return tuple(range(n)) + tuple(range(-n, 0))
 
 
+def _windows(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise ValueError(f"-f{text}: the number of calibration windows must be >= 1")
+    return n
+
+
 def _flag(text: str) -> bool:
     if text not in ("0", "1"):
         raise ValueError(f"-n{text}: allowed -n0 or -n1")
@@ -66,6 +76,7 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
     "p": ("protected_layers", _boundary_layers),
     "h": ("protected_bits", int),
     "r": ("residual_window", int),
+    "f": ("frames", _windows),
 }
 
 
@@ -84,8 +95,28 @@ class EvalConfig:
     def kwargs(self) -> dict:
         return dict(self.options)
 
-    def kv_config(self) -> Optional[KVQuantConfig]:
-        return KVQuantConfig.from_kwargs(**self.kwargs) if self.quantized else None
+    @property
+    def calibration_windows(self) -> int:
+        """Windows of training text the frames are calibrated on (``-fN``); 0: no frames."""
+        return self.kwargs.get("frames", 0)
+
+    def compile_kwargs(self, frames=None) -> dict:
+        """``turboquant.compile`` keywords: ``-fN`` becomes ``frames`` (the calibrated
+        :class:`~turboquant.KVFrames`, required then)."""
+        kw = self.kwargs
+        if self.calibration_windows:
+            if frames is None:
+                raise ValueError(f"configuration {self.name!r} needs calibrated frames (-f); none given")
+            kw["frames"] = frames
+        return kw
+
+    def kv_config(self, frames=None) -> Optional[KVQuantConfig]:
+        if not self.quantized:
+            return None
+        kw = self.kwargs
+        if frames is not None or self.calibration_windows:
+            kw = self.compile_kwargs(frames)
+        return KVQuantConfig.from_kwargs(**kw)
 
     @property
     def method(self) -> str:
@@ -94,8 +125,10 @@ class EvalConfig:
     @property
     def bits(self) -> Tuple[Optional[int], Optional[int]]:
         """``(k_bits, v_bits)``; ``(None, None)`` when unquantized."""
-        c = self.kv_config()
-        return (c.spec("k").bits, c.spec("v").bits) if c else (None, None)
+        if not self.quantized:
+            return (None, None)
+        c = KVQuantConfig.from_kwargs(**{k: v for k, v in self.options if k != "frames"})
+        return (c.spec("k").bits, c.spec("v").bits)
 
 
 _HEAD = re.compile(r"^(?P<method>[a-z]+)-(?:(?P<bits>\d+)|k(?P<k>\d+)v(?P<v>\d+))$")
@@ -129,7 +162,8 @@ def parse_config(spec: str) -> EvalConfig:
             opts[key] = parse(token[1:])
         except ValueError as e:
             raise ValueError(f"option {token!r} of configuration {spec!r}: {e}") from None
-    KVQuantConfig.from_kwargs(**opts)  # validate now, with KVQuantConfig's messages
+    # validate now, with KVQuantConfig's messages (frames are measured later, per model)
+    KVQuantConfig.from_kwargs(**{k: v for k, v in opts.items() if k != "frames"})
     return EvalConfig(text, tuple(opts.items()))
 
 

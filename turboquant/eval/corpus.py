@@ -31,7 +31,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import torch
 
 __all__ = ["ByteTokenizer", "TextTokenizer", "load_tokenizer", "TOKENIZER_FILE", "HELDOUT_FILES", "stdlib_root",
-           "heldout_tokens", "train_tokens", "heldout_digest", "train_files"]
+           "heldout_tokens", "train_tokens", "heldout_digest", "train_files", "calibration_windows"]
 
 # (path relative to the stdlib root, sha256 of its bytes): identical in CPython 3.11.7, 3.12.1, 3.13.0
 HELDOUT_FILES: Tuple[Tuple[str, str], ...] = (
@@ -263,3 +263,19 @@ def train_tokens(root: Optional[str] = None, max_bytes: Optional[int] = None) ->
         if max_bytes is not None and total >= max_bytes:
             break
     return _join(docs, ByteTokenizer.EOS)
+
+
+def calibration_windows(tokenizer, windows: int, window: int, root: Optional[str] = None) -> torch.Tensor:
+    """``[windows, window]`` token windows of training text (never held-out text) for
+    :func:`turboquant.calibrate`: ``[BOS]`` then consecutive tokens, from the start of the
+    training stream (deterministic)."""
+    tokenizer = tokenizer or ByteTokenizer()
+    need = windows * (window - 1)
+    stream = train_tokens(root, max_bytes=need + 1)
+    if not isinstance(tokenizer, ByteTokenizer):
+        text = bytes(t for t in stream.tolist() if t < 256).decode("utf-8", errors="replace")
+        stream = torch.tensor(tokenizer.encode(text), dtype=torch.int64)
+    if stream.numel() < need:
+        raise RuntimeError(f"calibration needs {need} tokens of training text; found {stream.numel()}")
+    body = stream[:need].view(windows, window - 1)
+    return torch.cat([torch.full((windows, 1), tokenizer.bos_id, dtype=torch.int64), body], 1)

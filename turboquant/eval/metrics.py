@@ -58,17 +58,17 @@ BACKENDS = ("compile", "eager")
 class Runner:
     """Calls a transformers causal LM with a fresh KV cache per call: dense, or quantized as ``config`` says."""
 
-    def __init__(self, base, config: EvalConfig, backend: str = "compile"):
+    def __init__(self, base, config: EvalConfig, backend: str = "compile", frames=None):
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
         self.config, self.backend = config, backend
-        self.kv = config.kv_config()
+        self.kv = config.kv_config(frames)
         self.cache_arg = hf.cache_kwarg(base.forward)
         if self.kv is not None and backend == "compile":
             import turboquant
 
             torch._dynamo.reset()  # every configuration compiles the same forward code afresh
-            self.model = turboquant.compile(copy.deepcopy(base), **config.kwargs)
+            self.model = turboquant.compile(copy.deepcopy(base), **config.compile_kwargs(frames))
         else:
             self.model = base
         self.last_cache = None

@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from .configs import DEFAULT_CONFIGS, EvalConfig, parse_configs
-from .corpus import heldout_digest, heldout_tokens, load_tokenizer
+from .corpus import calibration_windows, heldout_digest, heldout_tokens, load_tokenizer
 from .metrics import BACKENDS, Reference, Runner, evaluate_windows, heldout_windows, needle_accuracy
 from .needle import needle_set
 
@@ -93,6 +93,23 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="tq eval", unit="batch", disable=not enabled, file=sys.stderr)
 
 
+class _Calibrations:
+    """Frames (:func:`turboquant.calibrate`) of one model per number of training-text windows, measured once."""
+
+    def __init__(self, model, tokenizer, window: int):
+        self.model, self.tokenizer, self.window, self.done = model, tokenizer, window, {}
+
+    def get(self, windows: int):
+        if not windows:
+            return None
+        if windows not in self.done:
+            from ..calibration import calibrate
+
+            ids = calibration_windows(self.tokenizer, windows, self.window)
+            self.done[windows] = calibrate(self.model, ids)
+        return self.done[windows]
+
+
 def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_CONFIGS,
              contexts: Sequence[int] = (1024, 2048, 4096), needles: int = 32, max_windows: int = 64,
              window: int = 1024, batch_size: int = 4, device: str = "auto", dtype: str = "auto",
@@ -129,6 +146,7 @@ def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_
     bar = _progress(len(cfgs) * (n_win_batches + n_needle_batches), progress)
     tick = (lambda: bar.update(1)) if bar is not None else None
 
+    frames = _Calibrations(model, tok, window)
     ref_runner = Runner(model, cfgs[0], backend)
     reference = Reference(ref_runner, windows, batch_size, dev)
     rows = []
@@ -138,7 +156,8 @@ def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_
             if bar is not None:
                 bar.set_description(f"tq eval {cfg.name}")
             t0 = time.perf_counter()
-            runner = ref_runner if not cfg.quantized else Runner(model, cfg, backend)
+            runner = ref_runner if not cfg.quantized else Runner(model, cfg, backend,
+                                                                 frames=frames.get(cfg.calibration_windows))
             m = evaluate_windows(runner, reference, chunk=chunk, tick=tick)
             bpe = runner.bits_per_element()
             acc = {f"needle_{c}": needle_accuracy(runner, s, batch_size, dev, mode=needle_mode, tick=tick)

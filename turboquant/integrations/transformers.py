@@ -82,27 +82,30 @@ def call_batch_size(args, kwargs) -> int:
     return (ids if ids is not None else kwargs["inputs_embeds"]).shape[0]
 
 
-def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0) -> QuantizedCacheTensor:
+def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0,
+                  frame: Optional[torch.Tensor] = None) -> QuantizedCacheTensor:
     if isinstance(x, QuantizedCacheTensor):
         return x
     if x.dim() == 1 and x.numel() == 0:  # DynamicLayer's empty start: [B, H, 0, D]
         shape = (*like.shape[:-2], 0, like.shape[-1])
-        return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device, window=window)
+        return QuantizedCacheTensor.empty(shape, spec, dtype=like.dtype, device=like.device, window=window,
+                                          frame=frame)
     if not bool(x.any()):  # preallocated zeros: never quantize them, just allocate codes
-        q = QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window)
+        q = QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window,
+                                       frame=frame)
         # written in place at fixed addresses, like the dense tensors transformers marks: without
         # this, CUDA graph trees skip every graph that writes the cache (mutated inputs)
-        for t in (q, q.codes, q.meta, q.ring, q.ring_pos):
+        for t in (q, q.codes, q.meta, q.ring, q.ring_pos, q.frame):
             if t is not None:
                 mark_static_address(t)
         return q
-    return QuantizedCacheTensor.from_dense(x, spec, window=window)
+    return QuantizedCacheTensor.from_dense(x, spec, window=window, frame=frame)
 
 
-def _convert_layer(layer, config: KVQuantConfig, key_states, value_states) -> None:
+def _convert_layer(layer, config: KVQuantConfig, key_states, value_states, index: int) -> None:
     w = config.residual_window
-    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"), w)
-    layer.values = _to_quantized(layer.values, value_states, config.spec("v"), w)
+    layer.keys = _to_quantized(layer.keys, key_states, config.spec("k"), w, config.frame(index, "k"))
+    layer.values = _to_quantized(layer.values, value_states, config.spec("v"), w, config.frame(index, "v"))
 
 
 def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
@@ -125,13 +128,13 @@ def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConf
         original = layer.lazy_initialization
 
         @torch.compiler.disable
-        def lazy_initialization(key_states, value_states, _orig=original, _layer=layer, _cfg=config):
+        def lazy_initialization(key_states, value_states, _orig=original, _layer=layer, _cfg=config, _i=i):
             _orig(key_states, value_states)
-            _convert_layer(_layer, _cfg, key_states, value_states)
+            _convert_layer(_layer, _cfg, key_states, value_states, _i)
 
         layer.lazy_initialization = lazy_initialization
         if getattr(layer, "is_initialized", False) and isinstance(getattr(layer, "keys", None), torch.Tensor):
-            _convert_layer(layer, config, layer.keys, layer.values)
+            _convert_layer(layer, config, layer.keys, layer.values, i)
         tagged += 1
     cache._turboquant_layers = len(layers)
     return tagged
