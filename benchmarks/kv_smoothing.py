@@ -1,5 +1,8 @@
 """Would quantizing K and V minus their per-head means help? (a probe, CPU)
 
+Built since as calibrated frames (``turboquant.calibrate``, ``tq eval … -f8``), which add a
+per-channel key scale; this probe keeps the window-mean variants for comparison.
+
     python benchmarks/kv_smoothing.py                                    # turbo-4 turbo-3 affine-4, 32 windows
     python benchmarks/kv_smoothing.py --configs affine-3 --max-windows 8
 

@@ -328,7 +328,7 @@ def _seq_held(t) -> bool:
     return t.ring is not None or t.frame is not None
 
 
-def _no_ring(t, what: str) -> None:
+def _sequence_must_stay(t, what: str) -> None:
     if t.ring is not None:
         raise UnsupportedCacheOperation(f"turboquant: {what} on a quantized KV cache with a residual window is not "
                                         "supported (the window needs the sequence at dim -2); use residual_window=0")
@@ -410,12 +410,12 @@ def _dim_view(func, t, dim, *rest, **kw):
         if dim == t.dim():
             raise UnsupportedCacheOperation("turboquant: unsqueeze after head_dim of a quantized KV cache")
         if dim == t.dim() - 1:
-            _no_ring(t, "unsqueeze between the sequence and head_dim")
+            _sequence_must_stay(t, "unsqueeze between the sequence and head_dim")
         return _same_view(t, lambda x: func(x, dim))
     dim = _not_head_dim(t, dim, func)
     if dim == t.dim() - 2 and _seq_held(t):
         if func is not aten.slice.Tensor:
-            _no_ring(t, f"{func} of the sequence dim")
+            _sequence_must_stay(t, f"{func} of the sequence dim")
         return _same_view(t, lambda x: func(x, dim, *rest, **kw), ring_fn=lambda r: r)  # positions index the ring
     return _same_view(t, lambda x: func(x, dim, *rest, **kw))
 
@@ -433,7 +433,7 @@ def _size_view(func, t, size, *rest, **kw):
     ring = frame = None
     if _seq_held(t):
         if len(size) < 2 or t.dim() < 2 or not (size[-2] == -1 or size[-2] == t.shape[-2]):
-            _no_ring(t, f"{func} to size {size}")
+            _sequence_must_stay(t, f"{func} to size {size}")
         if t.ring is not None:
             ring = func(t.ring, size[:-2] + [-1 if size[-2] == -1 else t.window, t.head_dim], *rest, **kw)
         if t.frame is not None:
@@ -482,7 +482,7 @@ def _copy_(func, dst, src, non_blocking=False):
 def _index_copy_(func, dst, dim, index, src):
     dim = _not_head_dim(dst, dim, "index_copy_")
     if _seq_held(dst) and dim != dst.dim() - 2:
-        _no_ring(dst, f"index_copy_ along dim {dim}")
+        _sequence_must_stay(dst, f"index_copy_ along dim {dim}")
     codes, meta = _rows_for(dst, src)
     dst.codes.index_copy_(dim, index, codes)
     dst.meta.index_copy_(dim, index, meta)
@@ -503,7 +503,7 @@ def _index_put_(func, dst, indices, values, accumulate=False):
     if _seq_held(dst):  # k_cache[:, :, pos] = k (gpt-fast): a write along the sequence dim
         seq = len(indices) == dst.dim() - 1 and all(i is None for i in indices[:-1])
         if not (seq and indices[-1] is not None and indices[-1].dim() == 1):
-            _no_ring(dst, "index_put_ other than cache[..., positions, :] = rows")
+            _sequence_must_stay(dst, "index_put_ other than cache[..., positions, :] = rows")
     codes, meta = _rows_for(dst, values)
     func(dst.codes, indices, codes)
     func(dst.meta, indices, meta)
@@ -528,7 +528,7 @@ def _cat(func, tensors, dim=0):
     parts = [_rows_for(first, t) for t in kept]
     ring = ring_pos = None
     if _seq_held(first) and (dim != first.dim() - 2 or kept[0] is not first):
-        _no_ring(first, "cat other than cat([cache, new_rows], dim=-2)")
+        _sequence_must_stay(first, "cat other than cat([cache, new_rows], dim=-2)")
     if first.ring is not None:
         rows = torch.cat([_dense(t).to(first.dtype) for t in kept[1:]], dim) if len(kept) > 1 else None
         ring, ring_pos = first.ring, first.ring_pos
@@ -574,7 +574,7 @@ def _transpose(func, t, d0, d1):
         # read with one attention op), and a write through it would not reach the cache
         return t.dequantize().transpose(d0, d1)
     if t.dim() - 2 in (d0, d1):
-        _no_ring(t, "a transpose moving the sequence dim")
+        _sequence_must_stay(t, "a transpose moving the sequence dim")
     return _same_view(t, lambda x: x.transpose(d0, d1))
 
 
@@ -583,7 +583,7 @@ def _permute(func, t, dims):
     if dims[-1] != t.dim() - 1:
         raise UnsupportedCacheOperation("turboquant: a permute moving head_dim of a quantized KV cache is not supported")
     if dims[-2] != t.dim() - 2:
-        _no_ring(t, "a permute moving the sequence dim")
+        _sequence_must_stay(t, "a permute moving the sequence dim")
     return _same_view(t, lambda x: x.permute(dims))
 
 

@@ -72,9 +72,10 @@ class KVFrames:
 
 
 def frame_rows(x: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
-    """``(x − μ) · s`` in ``x``'s dtype (computed in float32); ``frame [..., 2, D]`` broadcasts over ``x [..., L, D]``."""
+    """``(x − μ) · s`` in float32 (a bf16 result would add a rounding as large as 8-bit codes' own
+    error); ``frame [..., 2, D]`` broadcasts over ``x [..., L, D]``."""
     mu, s = frame[..., 0:1, :], frame[..., 1:2, :]
-    return ((x.float() - mu) * s).to(x.dtype)
+    return (x.float() - mu) * s
 
 
 def unframe_rows(x: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:

@@ -167,9 +167,10 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
         if k_frame is not None:
             s = _per_query_head(k_frame, q.shape[1])[..., 1:2, :]
             q = (q.float() / s).to(q.dtype)
-            k_ring = None if k_ring is None else frame_rows(k_ring, k_frame).to(k_ring.dtype)
+            # framed rings stay float32: the ring's part is computed in float32 anyway
+            k_ring = None if k_ring is None else frame_rows(k_ring, k_frame)
         if v_frame is not None and v_ring is not None:
-            v_ring = frame_rows(v_ring, v_frame).to(v_ring.dtype)
+            v_ring = frame_rows(v_ring, v_frame)
         out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
                                       is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
                                       v_ring=v_ring, ring_pos=k_ring_pos)

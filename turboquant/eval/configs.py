@@ -36,13 +36,15 @@ from ..config import KVQuantConfig, METHODS
 __all__ = ["EvalConfig", "parse_config", "parse_configs", "DEFAULT_CONFIGS", "BASELINE_NAMES"]
 
 # then the low-bit settings with the first and last layer at 8 bits (-p1-h8), with the 16 most
-# recent positions in full precision (-r16), and turbo with the paper's plain norm (-n0)
+# recent positions in full precision (-r16), turbo with the paper's plain norm (-n0), and with
+# frames calibrated on 8 windows of training text (-f8)
 DEFAULT_CONFIGS = ("affine-8", "affine-4", "affine-3", "affine-2", "turbo-4", "turbo-3", "turbo-2",
                    "affine-k8v4", "affine-k4v3", "turbo-k8v4", "turbo-k4v3",
                    "affine-3-p1-h8", "affine-2-p1-h8", "turbo-3-p1-h8", "turbo-2-p1-h8", "affine-k4v3-p1-h8",
                    "turbo-k4v3-p1-h8",
                    "affine-4-r16", "turbo-4-r16", "affine-3-r16", "turbo-3-r16", "turbo-2-r16", "turbo-k4v3-r16",
-                   "turbo-3-p1-h8-r16", "turbo-4-n0", "turbo-3-n0")
+                   "turbo-3-p1-h8-r16", "turbo-4-n0", "turbo-3-n0",
+                   "turbo-4-f8", "turbo-3-f8", "affine-4-f8", "turbo-k4v3-f8")
 BASELINE_NAMES = ("none", "unquantized", "dense", "bf16", "fp16", "fp32")
 
 
