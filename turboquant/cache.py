@@ -79,13 +79,14 @@ _PASSTHROUGH_VIEWS = {aten.alias.default, aten.detach.default}
 
 @functools.lru_cache(maxsize=None)
 def _numerics_digest() -> str:
-    """Hash of the source that compiled cache graphs trace through (this module and quant/)."""
+    """Hash of the source that compiled cache graphs trace through (this module, calibration's
+    framing and quant/)."""
     import hashlib
     import pathlib
 
     here = pathlib.Path(__file__).parent
     h = hashlib.sha256()
-    for path in sorted([here / "cache.py", *(here / "quant").glob("*.py")]):
+    for path in sorted([here / "cache.py", here / "calibration.py", *(here / "quant").glob("*.py")]):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -17,15 +17,16 @@ for keys, ``a`` the rms of the queries reading channel ``i`` (scaled to a mean `
 frames are constants of the model, not of a prompt: a cache built with them holds no more bytes
 per token, and any prompt, even one token, uses them.
 
-Reference model, one-forward perplexity over 32 held-out windows (``scratch`` probe, 2026-12-02):
-turbo 4-bit +2.88% → +1.14%, turbo 3-bit +12.5% → +5.9%; benchmarks/RESULTS.md has the
-decode-step table.
+Reference model (benchmarks/RESULTS.md, 2026-12-02), frames from 8 windows of training text;
+one forward over 64 held-out windows: turbo 4-bit +3.56% → +1.55% perplexity (KL 0.062 → 0.033),
+turbo 3-bit +13.0% → +6.2%, affine 4-bit +3.90% → +1.73%; decode steps over 8 windows: turbo
+4-bit +2.61% → +1.66%.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import warnings
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
