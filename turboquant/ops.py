@@ -145,9 +145,11 @@ def _attention_cpu(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, sc
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 
 
-def _per_query_head(frame: torch.Tensor, hq: int) -> torch.Tensor:
-    """``frame [B, Hkv, 2, D]`` repeated for the ``hq`` query heads that read it: ``[B, hq, 2, D]``."""
-    return frame.repeat_interleave(hq // frame.shape[-3], dim=-3)
+def _by_kv_head(x: torch.Tensor, frame: torch.Tensor, fn) -> torch.Tensor:
+    """``fn(x, frame)`` for ``x [B, Hq, L, D]`` grouped by the KV head whose ``frame [B, Hkv, 2, D]``
+    it reads (a broadcast view, no per-query-head copy of the frame)."""
+    hkv = frame.shape[-3]
+    return fn(x.unflatten(-3, (hkv, -1)), frame.unsqueeze(-3)).flatten(-4, -3)
 
 
 @_without_grad
@@ -165,8 +167,7 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
     frames_ok = k_frame is None or not softcap
     if rings_ok and frames_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
         if k_frame is not None:
-            s = _per_query_head(k_frame, q.shape[1])[..., 1:2, :]
-            q = (q.float() / s).to(q.dtype)
+            q = _by_kv_head(q, k_frame, lambda x, f: (x.float() / f[..., 1:2, :]).to(x.dtype))
             # framed rings stay float32: the ring's part is computed in float32 anyway
             k_ring = None if k_ring is None else frame_rows(k_ring, k_frame)
         if v_frame is not None and v_ring is not None:
@@ -174,7 +175,7 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
         out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
                                       is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
                                       v_ring=v_ring, ring_pos=k_ring_pos)
-        return out if v_frame is None else unframe_rows(out, _per_query_head(v_frame, q.shape[1]))
+        return out if v_frame is None else _by_kv_head(out, v_frame, unframe_rows)
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 

@@ -82,6 +82,11 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
 }
 
 
+def _without_frames(options: dict) -> dict:
+    """The options as KVQuantConfig takes them before calibration (``-fN`` counts windows, not frames)."""
+    return {k: v for k, v in options.items() if k != "frames"}
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """One row of the evaluation: a name and the ``turboquant.compile`` keywords (empty: unquantized)."""
@@ -113,12 +118,7 @@ class EvalConfig:
         return kw
 
     def kv_config(self, frames=None) -> Optional[KVQuantConfig]:
-        if not self.quantized:
-            return None
-        kw = self.kwargs
-        if frames is not None or self.calibration_windows:
-            kw = self.compile_kwargs(frames)
-        return KVQuantConfig.from_kwargs(**kw)
+        return KVQuantConfig.from_kwargs(**self.compile_kwargs(frames)) if self.quantized else None
 
     @property
     def method(self) -> str:
@@ -129,7 +129,7 @@ class EvalConfig:
         """``(k_bits, v_bits)``; ``(None, None)`` when unquantized."""
         if not self.quantized:
             return (None, None)
-        c = KVQuantConfig.from_kwargs(**{k: v for k, v in self.options if k != "frames"})
+        c = KVQuantConfig.from_kwargs(**_without_frames(self.kwargs))
         return (c.spec("k").bits, c.spec("v").bits)
 
 
@@ -165,7 +165,7 @@ def parse_config(spec: str) -> EvalConfig:
         except ValueError as e:
             raise ValueError(f"option {token!r} of configuration {spec!r}: {e}") from None
     # validate now, with KVQuantConfig's messages (frames are measured later, per model)
-    KVQuantConfig.from_kwargs(**{k: v for k, v in opts.items() if k != "frames"})
+    KVQuantConfig.from_kwargs(**_without_frames(opts))
     return EvalConfig(text, tuple(opts.items()))
 
 
