@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import turboquant
 from turboquant import KVQuantConfig
 from turboquant.cache import QuantizedCacheTensor, UnsupportedCacheOperation
-from turboquant.calibration import KVFrames, calibrate, frame_rows, unframe_rows
+from turboquant.calibration import KEY_MAPS, KVFrames, calibrate, frame_query, frame_rows, unframe_rows
 from turboquant.testing import KERNEL_REL_TOL, tiny_hf_model
 
 
@@ -18,35 +18,79 @@ def _keys(B=2, H=2, S=40, D=64, seed=0):
     return torch.randn(B, H, S, D, generator=gen) * spread + 3 * torch.randn(H, 1, D, generator=gen)
 
 
-def _frame(x):
+def _frame(x, key_map="full", query_moment=None):
     """A frame measured on ``x [B, H, S, D]`` the way calibrate measures one."""
     from turboquant.calibration import _key_frame, _Moments
 
     m = _Moments()
     m.add(x)
-    return _key_frame(m)
+    return _key_frame(m, query_moment, key_map)
 
 
-def test_frame_rows_round_trip_exactly():
+def _centred_cov(x):
+    x = x.double() - x.double().mean((0, 2), keepdim=True)
+    return torch.einsum("bhtd,bhte->hde", x, x) / (x.shape[0] * x.shape[2])
+
+
+@pytest.mark.parametrize("key_map", KEY_MAPS)
+def test_frame_rows_round_trip_exactly(key_map):
     x = _keys()
-    f = _frame(x)
-    assert torch.allclose(unframe_rows(frame_rows(x, f), f), x, rtol=1e-6, atol=1e-5)
+    f = _frame(x, key_map)
+    assert f.shape == (2, 2 if key_map == "diagonal" else 129, 64)
+    assert torch.allclose(unframe_rows(frame_rows(x, f), f), x, rtol=1e-5, atol=1e-4)
     framed = frame_rows(x, f).double()
     assert framed.mean((0, 2)).abs().max() < 1e-4  # centred per head
-    # without queries (a = 1) the optimal scale s² = a/b leaves channel spreads of √b
-    b = (x.double() - x.double().mean((0, 2), keepdim=True)).pow(2).mean((0, 2)).sqrt()
-    ratio = framed.pow(2).mean((0, 2)).sqrt() / b.sqrt()
-    assert torch.allclose(ratio, ratio[:, :1].expand_as(ratio), rtol=1e-3)
+    q = torch.randn(2, 2, 5, 64, dtype=torch.float64)  # the query's move keeps scores up to q·μ
+    scores = frame_query(q, f.double()) @ framed.transpose(-1, -2)
+    want = q @ (x.double() - f[:, 0:1].double()).transpose(-1, -2)
+    assert torch.allclose(scores, want, rtol=1e-5, atol=1e-4)
+    b = _centred_cov(x)
+    if key_map == "diagonal":  # without queries (a = 1) the optimal scale s² = a/b leaves channel spreads of √b
+        sd = torch.diagonal(b, dim1=-2, dim2=-1).sqrt()
+        ratio = framed.pow(2).mean((0, 2)).sqrt() / sd.sqrt()
+        assert torch.allclose(ratio, ratio[:, :1].expand_as(ratio), rtol=1e-3)
+    else:  # ... and the full map F = B^-1/4 leaves a covariance ∝ B^1/2 (mean squared singular value 1)
+        got = _centred_cov(framed)
+        w, u = torch.linalg.eigh(b)
+        half = (u * w.sqrt()[..., None, :]) @ u.transpose(-1, -2)
+        c = torch.einsum("hii->h", got) / torch.einsum("hii->h", half)
+        assert torch.allclose(got, c[:, None, None] * half, rtol=1e-3, atol=1e-3 * float(got.abs().max()))
 
 
+def test_the_full_map_minimises_the_score_error_it_models():
+    """``F`` minimises tr(F⁻¹AF^-T)·tr(FᵀBF) (the score error of an isotropic error on the framed
+    keys): no perturbation does better, the diagonal form does worse on correlated channels."""
+    from turboquant.calibration import _balanced_map
+
+    gen = torch.Generator().manual_seed(3)
+    mix = lambda: torch.linalg.qr(torch.randn(16, 16, generator=gen, dtype=torch.float64))[0]  # noqa: E731
+    a = mix() @ torch.diag(torch.logspace(-2, 1, 16, dtype=torch.float64)) @ mix().T
+    a = a @ a.T
+    b = mix() @ torch.diag(torch.logspace(-1, 1, 16, dtype=torch.float64)) @ mix().T
+    b = b @ b.T
+
+    def cost(f):  # framed keys k F, queries q F^-T: E|q F^-T|² · E|k F|²
+        fi = torch.linalg.inv(f)
+        return float(torch.trace(fi @ a @ fi.T) * torch.trace(f.T @ b @ f))
+
+    f = _balanced_map(a, b)
+    best = cost(f)
+    for _ in range(20):
+        assert cost(f @ (torch.eye(16, dtype=torch.float64) + 1e-2 * torch.randn(16, 16, generator=gen,
+                                                                                 dtype=torch.float64))) > best
+    diag = torch.diag((torch.diagonal(a).sqrt() / torch.diagonal(b).sqrt()).sqrt())
+    assert best < 0.9 * cost(diag) < 0.9 * cost(torch.eye(16, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("key_map", KEY_MAPS)
 @pytest.mark.parametrize("method,bits", [("turbo", 4), ("turbo", 3), ("affine", 4)])
-def test_a_frame_shrinks_the_score_error(method, bits):
+def test_a_frame_shrinks_the_score_error(method, bits, key_map):
     """The point of a frame: the same codes width, a smaller error in q·k (measured, not assumed)."""
     k = _keys(S=256)
     q = torch.randn(2, 2, 8, 64, generator=torch.Generator().manual_seed(1))
     spec = KVQuantConfig(method=method, bits=bits).spec("k")
     plain = QuantizedCacheTensor.from_dense(k, spec).dequantize()
-    framed = QuantizedCacheTensor.from_dense(k, spec, frame=_frame(k)).dequantize()
+    framed = QuantizedCacheTensor.from_dense(k, spec, frame=_frame(k, key_map)).dequantize()
     ref = q @ k.transpose(-1, -2)
 
     def err(kh):  # score error up to the per-query shift softmax ignores
@@ -56,9 +100,10 @@ def test_a_frame_shrinks_the_score_error(method, bits):
     assert err(framed) < 0.7 * err(plain)
 
 
-def test_views_and_writes_keep_the_frame_aligned():
+@pytest.mark.parametrize("key_map", KEY_MAPS)
+def test_views_and_writes_keep_the_frame_aligned(key_map):
     k = _keys(B=3, H=2, S=24, D=32)
-    f = _frame(k)
+    f = _frame(k, key_map)
     spec = KVQuantConfig(method="turbo", bits=4).spec("k")
     cache = QuantizedCacheTensor.empty((3, 2, 30, 32), spec, dtype=torch.float32, frame=f)
     assert torch.allclose(cache.dequantize(), f[:, 0:1, :].expand(3, 2, 30, 32))  # empty rows decode to μ
@@ -75,7 +120,7 @@ def test_views_and_writes_keep_the_frame_aligned():
     assert torch.equal(grown.dequantize(), want)
     with pytest.raises(UnsupportedCacheOperation, match="frame"):
         cache.index_copy_(0, torch.tensor([0]), torch.zeros(1, 2, 30, 32))  # along the batch
-    with pytest.raises(ValueError, match="kv_heads, 2, head_dim"):
+    with pytest.raises(ValueError, match=r"kv_heads, 2 or 2 \* head_dim \+ 1, head_dim"):
         QuantizedCacheTensor.empty((1, 3, 4, 32), spec, frame=f)  # 3 heads, a frame for 2
 
 
@@ -91,8 +136,8 @@ def test_attention_over_a_framed_cache_is_attention_over_its_decoded_rows():
     assert torch.allclose(out, ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [0, 5])
-def test_the_kernel_moves_the_query_instead_of_the_codes(window):
+@pytest.mark.parametrize("window,key_map", [(0, "full"), (5, "full"), (0, "diagonal")])
+def test_the_kernel_moves_the_query_instead_of_the_codes(window, key_map):
     """The CUDA entry of the op (the Triton kernel: interpreted on the CPU) with frames and a ring,
     against attention over the decoded rows, within the kernel's tolerance."""
     pytest.importorskip("triton")
@@ -100,7 +145,7 @@ def test_the_kernel_moves_the_query_instead_of_the_codes(window):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     k, v = _keys(S=45, seed=5).to(device), _keys(S=45, seed=6).to(device)
-    kf, vf = _frame(k.cpu()), _frame(v.cpu())
+    kf, vf = _frame(k.cpu(), key_map), _frame(v.cpu(), "diagonal")
     cfg = KVQuantConfig(method="turbo", bits=4)
     kc = QuantizedCacheTensor.from_dense(k, cfg.spec("k"), window=window, frame=kf)
     vc = QuantizedCacheTensor.from_dense(v, cfg.spec("v"), window=window, frame=vf)
@@ -131,12 +176,18 @@ def test_calibrate_measures_each_layer_and_compile_uses_the_frames():
     k = cache.layers[1].keys.double()
     assert torch.allclose(frames.frame(1, "k")[:, 0], k.mean((0, 2)).float(), atol=1e-5)
     assert torch.allclose(frames.frame(1, "v")[:, 1], torch.ones(2, 32))
-    assert torch.allclose(frames.frame(0, "k")[:, 1].pow(2).mean(-1), torch.ones(2))
-    # eager attention never calls SDPA: no query energies, a warning, and scales from the keys alone
-    with pytest.warns(UserWarning, match="key scales ignore the queries"):
+    fk = frames.frame(0, "k")  # full by default: μ, F, F⁻¹
+    assert fk.shape == (2, 65, 32)
+    assert torch.allclose(fk[:, 1:33].pow(2).sum((-2, -1)) / 32, torch.ones(2))
+    assert torch.allclose(fk[:, 1:33] @ fk[:, 33:], torch.eye(32).expand(2, 32, 32), atol=1e-4)
+    diag = turboquant.calibrate(model, ids, batch_size=2, key_map="diagonal")
+    assert torch.allclose(diag.frame(0, "k")[:, 1].pow(2).mean(-1), torch.ones(2))
+    assert torch.equal(diag.frame(0, "k")[:, 0], fk[:, 0])
+    # eager attention never calls SDPA: no query moments, a warning, and maps from the keys alone
+    with pytest.warns(UserWarning, match="key maps ignore the queries"):
         blind = turboquant.calibrate(tiny_hf_model("llama", attn="eager"), ids)
     assert torch.allclose(blind.frame(1, "k")[:, 0], frames.frame(1, "k")[:, 0], atol=1e-5)
-    assert not torch.allclose(blind.frame(1, "k")[:, 1], frames.frame(1, "k")[:, 1], rtol=1e-2)
+    assert not torch.allclose(blind.frame(1, "k")[:, 1:33], frames.frame(1, "k")[:, 1:33], rtol=1e-2)
 
     cfg = dict(method="turbo", bits=4)
     prompt = ids[:1, :12]
@@ -161,10 +212,15 @@ def test_config_and_eval_options_are_validated():
     from turboquant.eval.configs import parse_config
 
     cfg = parse_config("turbo-4-f8")
-    assert cfg.calibration_windows == 8 and cfg.bits == (4, 4)
+    assert cfg.calibration_windows == 8 and cfg.bits == (4, 4) and cfg.key_map == "full"
+    assert parse_config("turbo-4-f8d").calibration_windows == 8 and parse_config("turbo-4-f8d").key_map == "diagonal"
     with pytest.raises(ValueError, match="needs calibrated frames"):
         cfg.kv_config()
     with pytest.raises(ValueError, match="calibration windows must be >= 1"):
         parse_config("turbo-4-f0")
+    with pytest.raises(ValueError, match="key_map='pca'; allowed: 'full', 'diagonal'"):
+        calibrate(tiny_hf_model("llama"), torch.zeros(1, 4, dtype=torch.long), key_map="pca")
+    with pytest.raises(ValueError, match="2 \\* head_dim \\+ 1"):
+        KVFrames(keys=(torch.zeros(2, 3, 8),), values=(None,))
     with pytest.raises(NotImplementedError, match="not a transformers model"):
         calibrate(torch.nn.Linear(2, 2), torch.zeros(1, 4, dtype=torch.long))

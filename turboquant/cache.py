@@ -35,9 +35,10 @@ otherwise. Writes along the sequence dim (-2) keep the ring current; the sequenc
 stay at -2 in the views attention reads.
 
 **Frame** (``KVQuantConfig.frames``, :mod:`turboquant.calibration`): the tensor also holds its
-layer's calibrated frame ``frame [..., 2, D]`` (row 0 the shift ``μ``, row 1 the scale ``s``, one
-per head). Writes store ``quantize((x − μ) · s)``; reads decode ``decode / s + μ``; attention
-moves the query (``q / s``) instead of the codes. Like the ring it keeps the sequence dim at -2.
+layer's calibrated frame ``frame [..., R, D]`` (row 0 the shift ``μ``, then the map ``F``: a scale
+row, or ``F`` and ``F⁻¹`` as ``2D`` rows; one per head). Writes store ``quantize((x − μ) F)``; reads
+decode ``decode · F⁻¹ + μ``; attention moves the query (``q F^-T``) instead of the codes. Like the
+ring it keeps the sequence dim at -2.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from torch.utils._pytree import tree_map
 
 from .compat import schedules_with_triton
 from .config import TensorQuantSpec
-from .calibration import frame_rows, unframe_rows
+from .calibration import frame_rows, frame_rows_allowed, unframe_rows
 from .ops import decode_buffers, overlay_ring, spec_args
 from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
 from .quant.turbo import turbo_quantize_packed
@@ -143,7 +144,7 @@ class QuantizedCacheTensor(torch.Tensor):
     def empty(cls, shape, spec: TensorQuantSpec, *, dtype=torch.bfloat16, device=None,
               window: int = 0, frame: Optional[torch.Tensor] = None) -> "QuantizedCacheTensor":
         """A zero-filled cache of dense shape ``shape`` (decodes to zeros, or to ``μ`` with a frame);
-        ``window``: residual window; ``frame``: the layer's ``[Hkv, 2, D]`` frame, or None."""
+        ``window``: residual window; ``frame``: the layer's ``[Hkv, R, D]`` frame, or None."""
         *lead, d = shape
         spec.check_head_dim(d)
         codes = torch.zeros(*lead, packed_size(d, spec.bits), dtype=torch.uint8, device=device)
@@ -196,7 +197,7 @@ class QuantizedCacheTensor(torch.Tensor):
     @property
     def quantized_nbytes(self) -> int:
         """Bytes of codes plus metadata, plus the residual window's ring (what this cache really holds;
-        a frame is a constant of the layer, ``2·D`` floats per head, not counted)."""
+        a frame is a constant of the layer, ``2·D`` or ``(2D + 1)·D`` floats per head, not counted)."""
         held = [self.codes, self.meta] + ([self.ring, self.ring_pos] if self.ring is not None else [])
         return sum(t.numel() * t.element_size() for t in held)
 
@@ -313,15 +314,17 @@ def _write_ring_(dst: "QuantizedCacheTensor", rows, positions) -> None:
 
 
 def _held_frame(frame, lead, d: int, device):
-    """A layer's ``[Hkv, 2, D]`` frame as the cache holds it: ``[*lead, 2, D]`` (lead ends with Hkv),
+    """A layer's ``[Hkv, R, D]`` frame as the cache holds it: ``[*lead, R, D]`` (lead ends with Hkv),
     contiguous (views that merge leading dims must be able to view it as they view the codes)."""
     if frame is None:
         return None
-    if frame.dim() != 3 or tuple(frame.shape[1:]) != (2, d) or not lead or frame.shape[0] != lead[-1]:
+    if (frame.dim() != 3 or frame.shape[1] not in frame_rows_allowed(d) or frame.shape[2] != d or not lead
+            or frame.shape[0] != lead[-1]):
         raise ValueError(f"turboquant: a frame of shape {tuple(frame.shape)} for a cache of heads x head_dim "
-                         f"{tuple(lead[-1:])} x {d}; allowed: [kv_heads, 2, head_dim] of the same model")
+                         f"{tuple(lead[-1:])} x {d}; allowed: [kv_heads, 2 or 2 * head_dim + 1, head_dim] "
+                         "of the same model")
     frame = frame.to(device=device, dtype=torch.float32)
-    return frame.reshape(*(1,) * (len(lead) - 1), *frame.shape).expand(*lead, 2, d).contiguous()
+    return frame.reshape(*(1,) * (len(lead) - 1), *frame.shape).expand(*lead, *frame.shape[1:]).contiguous()
 
 
 def _seq_held(t) -> bool:
@@ -438,7 +441,8 @@ def _size_view(func, t, size, *rest, **kw):
         if t.ring is not None:
             ring = func(t.ring, size[:-2] + [-1 if size[-2] == -1 else t.window, t.head_dim], *rest, **kw)
         if t.frame is not None:
-            frame = func(t.frame, size[:-2] + [-1 if size[-2] == -1 else 2, t.head_dim], *rest, **kw)
+            frame = func(t.frame, size[:-2] + [-1 if size[-2] == -1 else t.frame.shape[-2], t.head_dim], *rest,
+                         **kw)
     return _like(t, func(t.codes, size[:-1] + [t.codes.shape[-1]], *rest, **kw),
                  func(t.meta, size[:-1] + [t.meta.shape[-1]], *rest, **kw), ring, t.ring_pos, frame)
 

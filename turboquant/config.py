@@ -122,11 +122,11 @@ class KVQuantConfig:
             recent tokens carry most of the attention.
         frames: ``None`` (default), or :class:`~turboquant.calibration.KVFrames` from
             :func:`turboquant.calibrate`: each layer's cache quantizes its rows minus the head's
-            mean key/value, keys scaled per channel by how much the queries read them; attention
+            mean key/value, keys mapped by how much the queries read each direction; attention
             is exactly unchanged by the frame itself, only the quantization error shrinks. No
             bytes per token; transformers models only (the frames index the model's layers). On
-            the reference model (decode steps; benchmarks/RESULTS.md) it takes 4-bit turbo from
-            +2.61% to +1.66% perplexity (KL 0.065 → 0.034).
+            the reference model (decode steps over 64 held-out windows; benchmarks/RESULTS.md) it
+            takes 4-bit turbo from +3.61% to +1.39% perplexity (KL 0.062 → 0.030).
 
     Invalid values raise ``ValueError`` naming the value and what is allowed.
 
@@ -228,7 +228,7 @@ class KVQuantConfig:
                                    protected_layers=(), protected_bits=None)
 
     def frame(self, layer: Optional[int], role: str) -> Optional[torch.Tensor]:
-        """Layer ``layer``'s ``[Hkv, 2, D]`` frame for ``role`` (``"k"``/``"v"``), or None without frames."""
+        """Layer ``layer``'s ``[Hkv, R, D]`` frame for ``role`` (``"k"``/``"v"``), or None without frames."""
         return None if self.frames is None else self.frames.frame(layer, role)
 
     def spec(self, role: str) -> TensorQuantSpec:

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .calibration import frame_rows, unframe_rows
+from .calibration import frame_query, frame_rows, unframe_rows
 from .config import TensorQuantSpec
 from .quant.affine import metadata_pair
 from .quant.packed import decode
@@ -146,7 +146,7 @@ def _attention_cpu(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, sc
 
 
 def _by_kv_head(x: torch.Tensor, frame: torch.Tensor, fn) -> torch.Tensor:
-    """``fn(x, frame)`` for ``x [B, Hq, L, D]`` grouped by the KV head whose ``frame [B, Hkv, 2, D]``
+    """``fn(x, frame)`` for ``x [B, Hq, L, D]`` grouped by the KV head whose ``frame [B, Hkv, R, D]``
     it reads (a broadcast view, no per-query-head copy of the frame)."""
     hkv = frame.shape[-3]
     return fn(x.unflatten(-3, (hkv, -1)), frame.unsqueeze(-3)).flatten(-4, -3)
@@ -162,12 +162,12 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
     # a residual window's ring is one more partial of the kernel's split merge; K and V rings are
     # written together, so one position table serves both
     rings_ok = (k_ring is None) == (v_ring is None)
-    # a frame moves the query instead of the codes: (q/s)·(k−μ)s = q·k − q·μ, a shift per query row
+    # a frame moves the query instead of the codes: (q F^-T)·(k−μ)F = q·k − q·μ, a shift per query row
     # that softmax ignores — but a soft-cap does not, so soft-capped framed keys decode instead
     frames_ok = k_frame is None or not softcap
     if rings_ok and frames_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
         if k_frame is not None:
-            q = _by_kv_head(q, k_frame, lambda x, f: (x.float() / f[..., 1:2, :]).to(x.dtype))
+            q = _by_kv_head(q, k_frame, frame_query)
             # framed rings stay float32: the ring's part is computed in float32 anyway
             k_ring = None if k_ring is None else frame_rows(k_ring, k_frame)
         if v_frame is not None and v_ring is not None:
@@ -201,7 +201,7 @@ v_frame=None)``.
 ``*_spec``: :func:`spec_args` of each cache's spec. ``softcap > 0`` caps the scores as
 :func:`turboquant.quant.reference.masked_softmax` does. ``*_ring``/``*_ring_pos``: the residual
 window (:mod:`turboquant.cache`); the positions a ring holds are read from it in full precision.
-``*_frame [B, Hkv, 2, D]``: a calibrated frame (:mod:`turboquant.calibration`): the codes hold
-``(x − μ)·s`` and decode to ``decode / s + μ``; the ring holds rows as written.
+``*_frame [B, Hkv, R, D]``: a calibrated frame (:mod:`turboquant.calibration`): the codes hold
+``(x − μ) F`` and decode to ``decode · F⁻¹ + μ``; the ring holds rows as written.
 On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention` (a
 residual window's ring as one more merged partial); everything else decodes and attends."""

@@ -17,8 +17,9 @@ unquantized model; also ``unquantized``, ``dense``). Options, each introduced by
           recent positions in full
           precision
 ``fN``    frames calibrated on N windows  ``turbo-4-f8``
-          of training text
-          (:func:`turboquant.calibrate`)
+          of training text                ``turbo-4-f8d``
+          (:func:`turboquant.calibrate`;
+          ``fNd``: diagonal key maps)
 ========  ==============================  =====================================
 
 A new option is one entry in :data:`_OPTIONS`: a prefix, the ``turboquant.compile`` keyword it
@@ -55,11 +56,12 @@ def _boundary_layers(text: str) -> Tuple[int, ...]:
     return tuple(range(n)) + tuple(range(-n, 0))
 
 
-def _windows(text: str) -> int:
-    n = int(text)
+def _frames(text: str) -> str:
+    """``N`` or ``Nd`` (diagonal key maps) as given; checked here, read by :class:`EvalConfig`."""
+    n = int(text[:-1] if text.endswith("d") else text)
     if n < 1:
         raise ValueError(f"-f{text}: the number of calibration windows must be >= 1")
-    return n
+    return text
 
 
 def _flag(text: str) -> bool:
@@ -78,7 +80,7 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
     "p": ("protected_layers", _boundary_layers),
     "h": ("protected_bits", int),
     "r": ("residual_window", int),
-    "f": ("frames", _windows),
+    "f": ("frames", _frames),
 }
 
 
@@ -105,7 +107,12 @@ class EvalConfig:
     @property
     def calibration_windows(self) -> int:
         """Windows of training text the frames are calibrated on (``-fN``); 0: no frames."""
-        return self.kwargs.get("frames", 0)
+        return int(self.kwargs.get("frames", "0").rstrip("d"))
+
+    @property
+    def key_map(self) -> str:
+        """:func:`turboquant.calibrate`'s ``key_map`` for ``-fN`` (``"full"``) or ``-fNd`` (``"diagonal"``)."""
+        return "diagonal" if self.kwargs.get("frames", "").endswith("d") else "full"
 
     def compile_kwargs(self, frames=None) -> dict:
         """``turboquant.compile`` keywords: ``-fN`` becomes ``frames`` (the calibrated
