@@ -136,12 +136,32 @@ def test_attention_over_a_framed_cache_is_attention_over_its_decoded_rows():
     assert torch.allclose(out, ref, atol=1e-5)
 
 
+def test_a_soft_cap_reads_framed_caches_decoded():
+    """tanh is not shift-invariant, so with a soft-cap the frames go into the op, which decodes."""
+    from turboquant.cache import attention_over_cache
+    from turboquant.quant.reference import masked_softmax
+
+    k, v = _keys(seed=8), _keys(seed=9)
+    cfg = KVQuantConfig(method="turbo", bits=4)
+    kc = QuantizedCacheTensor.from_dense(k, cfg.spec("k"), window=3, frame=_frame(k))
+    vc = QuantizedCacheTensor.from_dense(v, cfg.spec("v"), window=3, frame=_frame(v, "diagonal"))
+    q = torch.randn(2, 4, 2, 64, generator=torch.Generator().manual_seed(10))
+    out = attention_over_cache(q, kc, vc, scale=0.125, softcap=5.0)
+    kd, vd = kc.dequantize().repeat_interleave(2, 1), vc.dequantize().repeat_interleave(2, 1)
+    ref = masked_softmax(q @ kd.transpose(-1, -2) * 0.125, None, False, 5.0) @ vd
+    assert torch.allclose(out, ref, atol=1e-5)
+    moved = attention_over_cache(q, kc, vc, scale=0.125)  # without: the query moves instead
+    assert torch.allclose(moved, F.scaled_dot_product_attention(q, kd, vd, scale=0.125), atol=1e-5)
+
+
 @pytest.mark.parametrize("window,key_map", [(0, "full"), (5, "full"), (0, "diagonal")])
-def test_the_kernel_moves_the_query_instead_of_the_codes(window, key_map):
-    """The CUDA entry of the op (the Triton kernel: interpreted on the CPU) with frames and a ring,
-    against attention over the decoded rows, within the kernel's tolerance."""
+def test_the_kernel_reads_framed_codes_with_the_query_moved(window, key_map, monkeypatch):
+    """Attention over framed caches through the CUDA entry of the op (the Triton kernel: interpreted
+    on the CPU): the query moved, the ring framed and the output unframed around the op, against
+    attention over the decoded rows, within the kernel's tolerance."""
     pytest.importorskip("triton")
-    from turboquant.ops import _attention_cuda, overlay_ring, spec_args
+    import turboquant.cache as cache_mod
+    from turboquant.ops import _attention_cuda
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     k, v = _keys(S=45, seed=5).to(device), _keys(S=45, seed=6).to(device)
@@ -150,9 +170,15 @@ def test_the_kernel_moves_the_query_instead_of_the_codes(window, key_map):
     kc = QuantizedCacheTensor.from_dense(k, cfg.spec("k"), window=window, frame=kf)
     vc = QuantizedCacheTensor.from_dense(v, cfg.spec("v"), window=window, frame=vf)
     q = torch.randn(2, 8, 1, 64, generator=torch.Generator().manual_seed(7)).to(device)
-    out = _attention_cuda(q, kc.codes, kc.meta, vc.codes, vc.meta, None, False, 0.125, spec_args(kc.spec),
-                          spec_args(vc.spec), 64, 64, 0.0, kc.ring, kc.ring_pos, vc.ring, vc.ring_pos, kc.frame,
-                          vc.frame)
+    calls = []
+
+    def cuda_entry(*args):
+        calls.append(args[-2:])  # the frames the op got
+        return _attention_cuda(*args)
+
+    monkeypatch.setattr(cache_mod, "_attention_op", cuda_entry)
+    out = F.scaled_dot_product_attention(q, kc, vc, scale=0.125, enable_gqa=True)
+    assert calls == [(None, None)]  # moved out of the op: the kernel ran (it decodes when given frames)
     kd, vd = kc.dequantize(torch.float64), vc.dequantize(torch.float64)
     if window:  # the ring's rows are exact
         assert torch.equal(kd[:, :, -1], k[:, :, -1].double())

@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_map
 
 from .compat import schedules_with_triton
 from .config import TensorQuantSpec
-from .calibration import frame_rows, frame_rows_allowed, unframe_rows
+from .calibration import frame_query, frame_rows, frame_rows_allowed, per_kv_head, unframe_rows
 from .ops import decode_buffers, overlay_ring, spec_args
 from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
 from .quant.turbo import turbo_quantize_packed
@@ -600,6 +600,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return attention_over_cache(query, key, value, attn_mask, scale=scale, is_causal=is_causal)
 
 
+_attention_op = torch.ops.turboquant.attention  # a module global: tests put the CUDA entry here on the CPU
+
+
 def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=None, is_causal=False):
     """Attention with optional soft-cap; one ``turboquant::attention`` call when K and V are quantized.
 
@@ -611,11 +614,22 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
     if isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor):
         if key.head_repeat != value.head_repeat:  # the op's GQA needs K and V with the same heads
             key, value = _expand_heads(key), _expand_heads(value)
-        return torch.ops.turboquant.attention(query, key.codes, key.meta, value.codes, value.meta, attn_mask,
-                                              is_causal, scale, spec_args(key.spec), spec_args(value.spec),
-                                              key.head_dim, value.head_dim, float(softcap or 0.0),
-                                              key.ring, key.ring_pos, value.ring, value.ring_pos,
-                                              key.frame, value.frame)
+        k_ring, v_ring, k_frame, v_frame = key.ring, value.ring, key.frame, value.frame
+        # Frames move out of the op (in a compiled graph: into the kernels around it, the query's
+        # producer and the output's consumer): (q F^-T)·((k − μ) F) = q·k − q·μ, a shift per query
+        # row that softmax ignores, and the output of framed values is unframed after. A soft-cap
+        # is not shift-invariant: then the op gets the frames and decodes.
+        moved = not softcap
+        if moved and k_frame is not None:
+            query = per_kv_head(frame_query, query, k_frame)
+            k_ring = None if k_ring is None else frame_rows(k_ring, k_frame)  # float32, as the op reads rings
+        if moved and v_frame is not None and v_ring is not None:
+            v_ring = frame_rows(v_ring, v_frame)
+        out = _attention_op(query, key.codes, key.meta, value.codes, value.meta, attn_mask, is_causal, scale,
+                            spec_args(key.spec), spec_args(value.spec), key.head_dim, value.head_dim,
+                            float(softcap or 0.0), k_ring, key.ring_pos, v_ring, value.ring_pos,
+                            None if moved else k_frame, None if moved else v_frame)
+        return per_kv_head(unframe_rows, out, v_frame) if moved and v_frame is not None else out
     key, value = _dense(key), _dense(value)
     w = torch.matmul(query, key.transpose(-2, -1)) * scale
     if softcap:

@@ -40,7 +40,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["KVFrames", "calibrate", "frame_rows", "unframe_rows", "frame_query", "KEY_MAPS"]
+__all__ = ["KVFrames", "calibrate", "frame_rows", "unframe_rows", "frame_query", "per_kv_head", "KEY_MAPS"]
 
 # how calibrate maps a head's keys: a full matrix, or a per-channel scale
 KEY_MAPS = ("full", "diagonal")
@@ -128,6 +128,13 @@ def frame_query(q: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
     y = q.to(_work(frame))
     y = y / f if inv is None else y @ inv.transpose(-1, -2)
     return y.to(q.dtype)
+
+
+def per_kv_head(fn, x: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+    """``fn(x, frame)`` for ``x [B, Hq, L, D]`` grouped by the KV head whose ``frame [B, Hkv, R, D]``
+    it reads (a broadcast view, no per-query-head copy of the frame)."""
+    hkv = frame.shape[-3]
+    return fn(x.unflatten(-3, (hkv, -1)), frame.unsqueeze(-3)).flatten(-4, -3)
 
 
 class _Moments:

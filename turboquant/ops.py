@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .calibration import frame_query, frame_rows, unframe_rows
+from .calibration import unframe_rows
 from .config import TensorQuantSpec
 from .quant.affine import metadata_pair
 from .quant.packed import decode
@@ -145,13 +145,6 @@ def _attention_cpu(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, sc
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 
 
-def _by_kv_head(x: torch.Tensor, frame: torch.Tensor, fn) -> torch.Tensor:
-    """``fn(x, frame)`` for ``x [B, Hq, L, D]`` grouped by the KV head whose ``frame [B, Hkv, R, D]``
-    it reads (a broadcast view, no per-query-head copy of the frame)."""
-    hkv = frame.shape[-3]
-    return fn(x.unflatten(-3, (hkv, -1)), frame.unsqueeze(-3)).flatten(-4, -3)
-
-
 @_without_grad
 def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
                     v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
@@ -160,22 +153,15 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
 
     ks, vs = _specs(tuple(k_spec), tuple(v_spec))
     # a residual window's ring is one more partial of the kernel's split merge; K and V rings are
-    # written together, so one position table serves both
+    # written together, so one position table serves both. Frames reach the op only with a
+    # soft-cap (attention_over_cache moves q and the output otherwise; tanh is not shift-invariant):
+    # those decode.
     rings_ok = (k_ring is None) == (v_ring is None)
-    # a frame moves the query instead of the codes: (q F^-T)·(k−μ)F = q·k − q·μ, a shift per query row
-    # that softmax ignores — but a soft-cap does not, so soft-capped framed keys decode instead
-    frames_ok = k_frame is None or not softcap
+    frames_ok = k_frame is None and v_frame is None
     if rings_ok and frames_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
-        if k_frame is not None:
-            q = _by_kv_head(q, k_frame, frame_query)
-            # framed rings stay float32: the ring's part is computed in float32 anyway
-            k_ring = None if k_ring is None else frame_rows(k_ring, k_frame)
-        if v_frame is not None and v_ring is not None:
-            v_ring = frame_rows(v_ring, v_frame)
-        out = kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
-                                      is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
-                                      v_ring=v_ring, ring_pos=k_ring_pos)
-        return out if v_frame is None else _by_kv_head(out, v_frame, unframe_rows)
+        return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
+                                       is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
+                                       v_ring=v_ring, ring_pos=k_ring_pos)
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 
@@ -202,6 +188,8 @@ v_frame=None)``.
 :func:`turboquant.quant.reference.masked_softmax` does. ``*_ring``/``*_ring_pos``: the residual
 window (:mod:`turboquant.cache`); the positions a ring holds are read from it in full precision.
 ``*_frame [B, Hkv, R, D]``: a calibrated frame (:mod:`turboquant.calibration`): the codes hold
-``(x − μ) F`` and decode to ``decode · F⁻¹ + μ``; the ring holds rows as written.
+``(x − μ) F`` and decode to ``decode · F⁻¹ + μ``; the ring holds rows as written. (Callers without a
+soft-cap pass none: attention over framed codes is attention with ``q F_k^-T``, framed ring rows and
+the output unframed, which :func:`turboquant.cache.attention_over_cache` does around the op.)
 On CUDA, decode shapes run the Triton kernel of :mod:`turboquant.templates.decode_attention` (a
 residual window's ring as one more merged partial); everything else decodes and attends."""
