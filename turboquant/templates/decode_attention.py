@@ -59,6 +59,13 @@ MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, w
 # A call captured into a CUDA graph launches nothing from the host and splits as usual.
 HOST_BOUND_KEY_ROWS = 1 << 16
 
+# Keys per sequence at most for which 3-bit affine K/V take 128-key blocks and 2 stages: a short
+# cache's grid is small and a block's fixed work dominates, so twice the registers per program cost
+# less than the second block. `benchmarks/decode_attention.py --sweep --contexts 1024 --methods
+# affine --bits 3` (H200, 2026-12-02, B=8, Hq=32, Hkv=8, D=128, CUDA graph): 10.43 µs against
+# 10.98 at 64 keys / 3 stages, the default before; longer contexts were not swept again.
+SHORT_AFFINE3_KEYS = 1024
+
 
 def _planes(bits: int) -> int:
     """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
@@ -796,15 +803,18 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
+    short_affine3 = S <= SHORT_AFFINE3_KEYS and all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
     if block_n is None:
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
-        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) else 128
+        # (and short 3-bit affine caches, SHORT_AFFINE3_KEYS)
+        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short_affine3 else 128
     if num_stages is None:
         # turbo 8-bit tiles take 162 KB of shared memory at 3 stages (one program per SM): 2 stages
         # and 64 keys run 855 µs against 1616 at 32K (H200, 2026-12-01); 3 stages are best or equal
-        # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4)
-        num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) else 3
+        # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4) but short
+        # 3-bit affine caches
+        num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) or short_affine3 else 3
     if num_splits is None and q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
