@@ -154,6 +154,27 @@ def test_a_soft_cap_reads_framed_caches_decoded():
     assert torch.allclose(moved, F.scaled_dot_product_attention(q, kd, vd, scale=0.125), atol=1e-5)
 
 
+@pytest.mark.parametrize("key_map", KEY_MAPS)
+def test_a_compiled_graph_moves_the_frames_around_the_op(key_map):
+    """Compiled, the op reads the cache's buffers with no frame (the query's move, the ring's framing
+    and the output's unframing are the graph's own ops) and computes attention over the decoded rows."""
+    import re
+
+    from turboquant.compat import run_and_get_code
+
+    k, v = _keys(S=30, seed=11), _keys(S=30, seed=12)
+    cfg = KVQuantConfig(method="turbo", bits=4)
+    kc = QuantizedCacheTensor.from_dense(k, cfg.spec("k"), window=4, frame=_frame(k, key_map))
+    vc = QuantizedCacheTensor.from_dense(v, cfg.spec("v"), window=4, frame=_frame(v, "diagonal"))
+    q = torch.randn(2, 4, 1, 64, generator=torch.Generator().manual_seed(13))
+    f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), fullgraph=True)
+    out, code = run_and_get_code(f, q, kc, vc)
+    call = re.search(r"torch\.ops\.turboquant\.attention\.default\(.*", "\n".join(code)).group(0)
+    assert ("k_frame=None" in call and "v_frame=None" in call) or call.rstrip().endswith(", None, None)"), call
+    ref = F.scaled_dot_product_attention(q, kc.dequantize(), vc.dequantize(), enable_gqa=True)
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
 @pytest.mark.parametrize("window,key_map", [(0, "full"), (5, "full"), (0, "diagonal")])
 def test_the_kernel_reads_framed_codes_with_the_query_moved(window, key_map, monkeypatch):
     """Attention over framed caches through the CUDA entry of the op (the Triton kernel: interpreted
