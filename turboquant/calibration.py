@@ -92,8 +92,8 @@ def frame_rows_allowed(d: int) -> tuple:
 
 
 def _parts(frame: torch.Tensor):
-    """``(μ [..., 1, D], map, inverse)`` of ``frame [..., R, D]``: for a diagonal frame the map and
-    its inverse are ``s`` and ``1/s`` rows ``[..., 1, D]``, for a full one ``[..., D, D]`` matrices."""
+    """``(μ [..., 1, D], map, inverse)`` of ``frame [..., R, D]``: ``(μ, s, None)`` for a diagonal
+    frame (``s`` a row ``[..., 1, D]``), ``(μ, F, F⁻¹)`` matrices ``[..., D, D]`` for a full one."""
     d = frame.shape[-1]
     if frame.shape[-2] == 2:
         s = frame[..., 1:2, :]
@@ -167,7 +167,7 @@ def _balanced_map(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     of an isotropic error ``e`` on the framed keys, whose size grows with their energy ``tr(FᵀBF)``
     (turbo's norm; affine's range). ``F² = B^-1/2 (B^1/2 A B^1/2)^1/2 B^-1/2`` (the matrix
     geometric mean of ``B⁻¹`` and ``A``); its diagonal restriction gives ``s_i² = a_i / b_i``.
-    Condition number capped at 1e3."""
+    ``F²``'s eigenvalues are floored at 1e-6 of the largest: ``F``'s condition number is at most 1e3."""
     bh, bmh = _psd_power(b, 0.5), _psd_power(b, -0.5)
     f2 = bmh @ _psd_power(bh @ a @ bh, 0.5) @ bmh
     return _psd_power(f2, 0.5, floor=1e-6)
@@ -196,17 +196,26 @@ def _key_frame(m: _Moments, query_moment: Optional[torch.Tensor] = None, key_map
 
 class _QueryEnergy:
     """Per-layer second moment of the queries per KV head, from the queries the model passes to
-    ``F.scaled_dot_product_attention`` (in call order: one call per layer per forward)."""
+    ``F.scaled_dot_product_attention`` (in call order: one call per layer per forward). Summed per
+    call index as the forwards run (a ``[Hq, D, D]`` sum per layer, not one per call)."""
 
     def __init__(self):
-        self.calls: List[torch.Tensor] = []
+        self.sums: List[torch.Tensor] = []
+        self.calls_per_forward: List[int] = []
 
     def __enter__(self):
         self._sdpa = F.scaled_dot_product_attention
+        self.calls_per_forward.append(0)
 
         def sdpa(query, *args, **kwargs):
             q = query.double()
-            self.calls.append((torch.einsum("bhtd,bhte->hde", q, q) / (q.shape[0] * q.shape[2])).cpu())  # [Hq, D, D]
+            m = (torch.einsum("bhtd,bhte->hde", q, q) / (q.shape[0] * q.shape[2])).cpu()  # [Hq, D, D]
+            i = self.calls_per_forward[-1]
+            if i < len(self.sums) and self.sums[i].shape == m.shape:
+                self.sums[i] += m
+            elif i == len(self.sums):
+                self.sums.append(m)
+            self.calls_per_forward[-1] += 1
             return self._sdpa(query, *args, **kwargs)
 
         F.scaled_dot_product_attention = sdpa
@@ -215,17 +224,16 @@ class _QueryEnergy:
     def __exit__(self, *exc):
         F.scaled_dot_product_attention = self._sdpa
 
-    def moments(self, layers: int, forwards: int, kv_heads: Sequence[int]) -> Optional[List[torch.Tensor]]:
+    def moments(self, layers: int, kv_heads: Sequence[int]) -> Optional[List[torch.Tensor]]:
         """``[Hkv, D, D]`` per layer (grouped query heads summed), or None if the calls do not map
         onto the layers (eager attention makes none; a model may call SDPA elsewhere too)."""
-        if len(self.calls) != layers * forwards:
+        if not self.calls_per_forward or any(n != layers for n in self.calls_per_forward):
             return None
         out = []
-        for i, hkv in enumerate(kv_heads):
-            e = sum(self.calls[i::layers]) / forwards
+        for e, hkv in zip(self.sums, kv_heads):
             if e.shape[0] % hkv:
                 return None
-            out.append(e.view(hkv, -1, *e.shape[-2:]).sum(1))
+            out.append(e.view(hkv, -1, *e.shape[-2:]).sum(1) / len(self.calls_per_forward))
         return out
 
 
@@ -277,7 +285,7 @@ def calibrate(model, input_ids: torch.Tensor, batch_size: int = 4, layers: Optio
             mk.add(layer.keys)
             mv.add(layer.values)
     keep = set(range(len(ks)) if layers is None else [i % len(ks) for i in layers])
-    q_moments = queries.moments(len(ks), len(rows), [k.sum.shape[0] for k in ks])
+    q_moments = queries.moments(len(ks), [k.sum.shape[0] for k in ks])
     if q_moments is None:
         warnings.warn("turboquant.calibrate: the model's attention calls did not map onto its layers (eager "
                       "attention, or SDPA called elsewhere too), so key maps ignore the queries; "
