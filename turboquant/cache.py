@@ -615,10 +615,10 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
         if key.head_repeat != value.head_repeat:  # the op's GQA needs K and V with the same heads
             key, value = _expand_heads(key), _expand_heads(value)
         k_ring, v_ring, k_frame, v_frame = key.ring, value.ring, key.frame, value.frame
-        # Frames move out of the op (in a compiled graph: into the kernels around it, the query's
-        # producer and the output's consumer): (q F^-T)·((k − μ) F) = q·k − q·μ, a shift per query
-        # row that softmax ignores, and the output of framed values is unframed after. A soft-cap
-        # is not shift-invariant: then the op gets the frames and decodes.
+        # Frames move out of the op (in a compiled graph: the graph's own ops around it, which
+        # Inductor may fuse with q's producer and the output's consumer): (q F^-T)·((k − μ) F) =
+        # q·k − q·μ, a shift per query row that softmax ignores, and the output of framed values is
+        # unframed after. A soft-cap is not shift-invariant: then the op gets the frames and decodes.
         moved = not softcap
         if moved and k_frame is not None:
             query = per_kv_head(frame_query, query, k_frame)
