@@ -29,35 +29,23 @@ VARIANTS = ("plain", "diagonal", "full")
 
 def perplexity(model, config, frames, max_windows, chunk):
     """Held-out perplexity with every cache write passed through the oracle (in ``frames``' frame)."""
-    from transformers.cache_utils import DynamicLayer
+    from kv_smoothing import rewritten_perplexity  # this folder: the shared DynamicLayer.update wrapper
 
     from turboquant.calibration import frame_rows, unframe_rows
-    from turboquant.eval.run import run_eval
     from turboquant.quant import dequantize_kv, quantize_kv
-
-    layers = model.config.num_hidden_layers
-    original, calls = DynamicLayer.update, [0]
 
     def fake(x, role, frame):
         y = x.float() if frame is None else frame_rows(x, frame)
         y = dequantize_kv(quantize_kv(y.contiguous(), config, role=role), torch.float32)
         return (y if frame is None else unframe_rows(y, frame)).to(x.dtype)
 
-    def update(self, k, v, *args, **kwargs):
-        i = calls[0] % layers
-        calls[0] += 1
-        if config is not None:
-            k = fake(k, "k", None if frames is None else frames.frame(i, "k"))
-            v = fake(v, "v", None if frames is None else frames.frame(i, "v"))
-        return original(self, k, v, *args, **kwargs)
+    def rewrite(layer, k, v):
+        if config is None:
+            return k, v
+        return (fake(k, "k", None if frames is None else frames.frame(layer, "k")),
+                fake(v, "v", None if frames is None else frames.frame(layer, "v")))
 
-    DynamicLayer.update = update
-    try:
-        result = run_eval(configs=[], contexts=[], needles=0, max_windows=max_windows, device="cpu",
-                          backend="eager", progress=False, model=model, chunk=chunk, batch_size=8)
-    finally:
-        DynamicLayer.update = original
-    return result["rows"][0]["ppl"]
+    return rewritten_perplexity(rewrite, max_windows, model=model, chunk=chunk, batch_size=8)
 
 
 def main(argv=None):

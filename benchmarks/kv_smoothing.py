@@ -43,26 +43,41 @@ SHIFTS = {
 _MEANS = {"all": lambda x: x.mean(-2, keepdim=True), "first64": lambda x: x[..., :64, :].mean(-2, keepdim=True)}
 
 
-def perplexity(config, k_shift, v_shift, max_windows: int) -> float:
+def rewritten_perplexity(rewrite, max_windows: int, model=None, chunk: int = 0, batch_size: int = 4) -> float:
+    """Held-out perplexity of the reference model (``tq eval`` protocol) with transformers'
+    ``DynamicLayer.update`` wrapped: every write's K/V go through ``rewrite(layer, keys, values)``
+    first (``layer``: the write's index in the model's layers), so the cache holds what it returns."""
     from transformers.cache_utils import DynamicLayer
 
     from turboquant.eval.run import run_eval
 
-    original = DynamicLayer.update
+    original, calls = DynamicLayer.update, [0]
 
     def update(self, keys, values, *a, **kw):
-        if config is not None:
-            keys = _fake_quantized(keys, config, "k", k_shift and _MEANS[k_shift])
-            values = _fake_quantized(values, config, "v", v_shift and _MEANS[v_shift])
+        layer = calls[0]
+        calls[0] += 1
+        if model is not None:
+            layer %= model.config.num_hidden_layers
+        keys, values = rewrite(layer, keys, values)
         return original(self, keys, values, *a, **kw)
 
     DynamicLayer.update = update
     try:
         result = run_eval(configs=[], contexts=[], needles=0, max_windows=max_windows, device="cpu",
-                          backend="eager", progress=False)
+                          backend="eager", progress=False, model=model, chunk=chunk, batch_size=batch_size)
     finally:
         DynamicLayer.update = original
     return result["rows"][0]["ppl"]
+
+
+def perplexity(config, k_shift, v_shift, max_windows: int) -> float:
+    def rewrite(layer, keys, values):
+        if config is None:
+            return keys, values
+        return (_fake_quantized(keys, config, "k", k_shift and _MEANS[k_shift]),
+                _fake_quantized(values, config, "v", v_shift and _MEANS[v_shift]))
+
+    return rewritten_perplexity(rewrite, max_windows)
 
 
 def main(argv=None):

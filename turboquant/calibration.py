@@ -211,9 +211,9 @@ class _QueryEnergy:
             q = query.double()
             m = (torch.einsum("bhtd,bhte->hde", q, q) / (q.shape[0] * q.shape[2])).cpu()  # [Hq, D, D]
             i = self.calls_per_forward[-1]
-            if i < len(self.sums) and self.sums[i].shape == m.shape:
+            if i < len(self.sums):
                 self.sums[i] += m
-            elif i == len(self.sums):
+            else:
                 self.sums.append(m)
             self.calls_per_forward[-1] += 1
             return self._sdpa(query, *args, **kwargs)

@@ -56,12 +56,13 @@ def _boundary_layers(text: str) -> Tuple[int, ...]:
     return tuple(range(n)) + tuple(range(-n, 0))
 
 
-def _frames(text: str) -> str:
-    """``N`` or ``Nd`` (diagonal key maps) as given; checked here, read by :class:`EvalConfig`."""
-    n = int(text[:-1] if text.endswith("d") else text)
+def _frames(text: str) -> Tuple[int, str]:
+    """``N`` → ``(N, "full")``, ``Nd`` → ``(N, "diagonal")``: calibration windows and key map."""
+    diagonal = text.endswith("d")
+    n = int(text[:-1] if diagonal else text)
     if n < 1:
         raise ValueError(f"-f{text}: the number of calibration windows must be >= 1")
-    return text
+    return n, "diagonal" if diagonal else "full"
 
 
 def _flag(text: str) -> bool:
@@ -107,12 +108,12 @@ class EvalConfig:
     @property
     def calibration_windows(self) -> int:
         """Windows of training text the frames are calibrated on (``-fN``); 0: no frames."""
-        return int(self.kwargs.get("frames", "0").rstrip("d"))
+        return self.kwargs.get("frames", (0, "full"))[0]
 
     @property
     def key_map(self) -> str:
         """:func:`turboquant.calibrate`'s ``key_map`` for ``-fN`` (``"full"``) or ``-fNd`` (``"diagonal"``)."""
-        return "diagonal" if self.kwargs.get("frames", "").endswith("d") else "full"
+        return self.kwargs.get("frames", (0, "full"))[1]
 
     def compile_kwargs(self, frames=None) -> dict:
         """``turboquant.compile`` keywords: ``-fN`` becomes ``frames`` (the calibrated

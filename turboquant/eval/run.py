@@ -99,15 +99,17 @@ class _Calibrations:
     def __init__(self, model, tokenizer, window: int):
         self.model, self.tokenizer, self.window, self.done = model, tokenizer, window, {}
 
-    def get(self, windows: int, key_map: str = "full"):
-        if not windows:
+    def get(self, cfg: EvalConfig):
+        """The frames ``cfg`` asks for (``-fN``/``-fNd``), or None."""
+        key = (cfg.calibration_windows, cfg.key_map)
+        if not key[0]:
             return None
-        if (windows, key_map) not in self.done:
+        if key not in self.done:
             from ..calibration import calibrate
 
-            ids = calibration_windows(self.tokenizer, windows, self.window)
-            self.done[windows, key_map] = calibrate(self.model, ids, key_map=key_map)
-        return self.done[windows, key_map]
+            ids = calibration_windows(self.tokenizer, key[0], self.window)
+            self.done[key] = calibrate(self.model, ids, key_map=key[1])
+        return self.done[key]
 
 
 def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_CONFIGS,
@@ -157,7 +159,7 @@ def run_eval(model_path: Optional[str] = None, configs: Sequence[str] = DEFAULT_
                 bar.set_description(f"tq eval {cfg.name}")
             t0 = time.perf_counter()
             runner = ref_runner if not cfg.quantized else Runner(model, cfg, backend,
-                                                                 frames=frames.get(cfg.calibration_windows, cfg.key_map))
+                                                                 frames=frames.get(cfg))
             m = evaluate_windows(runner, reference, chunk=chunk, tick=tick)
             bpe = runner.bits_per_element()
             acc = {f"needle_{c}": needle_accuracy(runner, s, batch_size, dev, mode=needle_mode, tick=tick)
