@@ -100,9 +100,10 @@ def write_path(S=32768, B=8, HKV=8, D=128, bits=(8, 4, 3)):
 
 
 def sweep(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
-    """Launch parameters of the decode kernel (what the defaults were chosen from): keys per block,
-    splits of the sequence and pipeline stages, CUDA-graph time of each (query rows per tile stay
-    at their default; ``decode_attention(..., min_tile_rows=)`` sets them)."""
+    """Launch parameters of the decode kernel (what the defaults were chosen from): warps per
+    program, keys per block, splits of the sequence and pipeline stages, CUDA-graph time of each
+    (query rows per tile stay at their default for the warps; ``decode_attention(..., min_tile_rows=)``
+    sets them)."""
     import itertools
 
     import triton.testing as tt
@@ -118,16 +119,17 @@ def sweep(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
             cfg = KVQuantConfig(method=method, bits=b)
             kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(k, cfg.spec("v"))
             nbytes = kc.quantized_nbytes + vc.quantized_nbytes
-            for block_n, n_splits, stages, rows in itertools.product((64, 128), splits, (2, 3), (None,)):
+            for warps, block_n, n_splits, stages, rows in itertools.product((1, 4), (32, 64, 128), splits, (2, 3),
+                                                                             (None,)):
                 fn = lambda: decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D,  # noqa: E731
                                               block_n=block_n, num_splits=n_splits, num_stages=stages,
-                                              min_tile_rows=rows)
+                                              min_tile_rows=rows, num_warps=warps)
                 try:
                     usg = tt.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
                 except Exception as e:  # out of resources for this tile
-                    print(f"{method} {b} {block_n} {n_splits} {stages} {rows}: {type(e).__name__}", file=sys.stderr)
+                    print(f"{method} {b} {warps} {block_n} {n_splits} {stages} {rows}: {type(e).__name__}", file=sys.stderr)
                     continue
-                rows_out.append({"context": S, "setting": f"{method} {b}-bit", "block_n": block_n,
+                rows_out.append({"context": S, "setting": f"{method} {b}-bit", "num_warps": warps, "block_n": block_n,
                                  "num_splits": n_splits or "default", "num_stages": stages,
                                  "min_tile_rows": rows or "default", "us_graph": usg, "GBps_graph": nbytes / usg / 1e3})
             del kc, vc
@@ -154,7 +156,7 @@ def main(argv=None):
         return 2
     if args.sweep:
         rows, best = sweep(args.contexts, args.methods, args.bits)
-        cols = ["context", "setting", "block_n", "num_splits", "num_stages", "min_tile_rows", "us_graph",
+        cols = ["context", "setting", "num_warps", "block_n", "num_splits", "num_stages", "min_tile_rows", "us_graph",
                 "GBps_graph"]
         write_csv(rows, os.path.join(args.out, "decode_sweep.csv"), cols)
         print(format_table(best, cols))

@@ -274,3 +274,51 @@ def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_split
     no_ring = reference_attention(q, kq, vq, attn_mask=m, is_causal=mask == "causal")
     assert _rel(out, ref) < TOL
     assert _rel(no_ring, ref) > 10 * TOL  # the ring changed the answer: the test sees it
+
+
+def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
+    """The split launch's options and tile of the plan a call of this shape would get."""
+    from turboquant.templates import decode_attention as da
+
+    D, hkv = 128, 8
+    q = torch.zeros(B, hkv * 4, L, D)
+    kq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg)
+    vq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg, role="v")
+
+    def long(t):  # a cache of S rows of the same layout (only shapes and strides matter to a plan)
+        return t.flatten(-2) if t.dim() == 5 else t
+
+    shapes = [long(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
+    k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
+    t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
+             min_tile_rows=None, maxnreg=None) | tuning
+    plan = da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
+                         tuple(t.values()), capturing)
+    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    return plan.split.options, consts
+
+
+@pytest.mark.parametrize("method, bits, S, L, warps, block_n", [
+    ("affine", 4, 2048, 1, 1, 64), ("affine", 3, 32768, 1, 1, 64), ("affine", 2, 8192, 2, 1, 64),
+    ("affine", 8, 4096, 1, 1, 32), ("turbo", 3, 2048, 1, 1, 64), ("turbo", 2, 9000, 1, 1, 64),
+    ("affine", 4, 2047, 1, 4, 128),   # short caches: a split is mostly the program's fixed work
+    ("turbo", 4, 32768, 1, 4, 128),   # the centroid gather ran as fast with one warp, turbo 8-bit slower
+    ("affine", 4, 32768, 8, 4, 128),  # 32 query rows: accumulators too large for one warp
+])
+def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
+    options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L)
+    assert options["num_warps"] == warps and consts["BLOCK_N"] == block_n
+    assert options["num_stages"] == 3 or warps == 4
+    if warps == 1:
+        assert consts["M"] == max(4, 4 * L)  # no padding rows beyond the MMA's own
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method, bits", [("affine", (4, 4)), ("affine", (3, 3)), ("affine", (2, 2)),
+                                          ("affine", (8, 8)), ("affine", (8, 4)), ("turbo", (3, 3)), ("turbo", (2, 3))])
+@pytest.mark.parametrize("L", [1, 2])
+def test_one_warp_programs_on_a_long_cache(method, bits, L):
+    # the defaults a long cache gets (one warp per program), odd length, padding mask, GQA 4
+    out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=L, S=8193, D=128, mask="padded", seed=L, dtype=torch.bfloat16,
+                     block_n=None)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL

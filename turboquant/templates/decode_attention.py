@@ -66,6 +66,9 @@ HOST_BOUND_KEY_ROWS = 1 << 16
 # 10.98 at 64 keys / 3 stages, the default before; longer contexts were not swept again.
 SHORT_AFFINE3_KEYS = 1024
 
+# Keys per sequence from which a program is one warp (:func:`_one_warp_programs`).
+LONG_CACHE_KEYS = 2048
+
 
 def _planes(bits: int) -> int:
     """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
@@ -663,6 +666,21 @@ def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
     return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
 
+def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
+    """Whether a long cache's programs are one warp each (64 keys per block, 32 for 8-bit rows, 3
+    stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
+    max, sum and layout change of the softmax (18 per block, sm_90 SASS); one warp has none of them and
+    eight such programs fit an SM. H200, 32K context, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, four
+    warps against one (``scratch`` sweep, 2026-12-02): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
+    2-bit 146.4 → 90.9, 8-bit 173.1 → 159.1; turbo 3-bit 371.6 → 306.5 and 2-bit 327.6 → 269.3 (with
+    spills); turbo 4-bit 296.1 → 295.9 and 8-bit 806.9 → 857.3 keep four warps. At 1K every width
+    ran slower with one warp (affine 4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed
+    work (the query planes, the epilogue), which one warp does alone. A tile of more than 16 rows (5–8
+    query positions) keeps four warps: its accumulators would not fit one warp's registers."""
+    return S >= LONG_CACHE_KEYS and rows <= 16 and all(
+        s.method == "affine" or s.bits in (2, 3) for s in (k_spec, v_spec))
+
+
 def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     """Keys a split covers at least. A program's fixed work is large for turbo keys (the query's
     rotation: R read and three MMAs per plane) and for 3-bit affine (registers for eight planes);
@@ -798,12 +816,21 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     G = HQ // HKV
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
-    min_rows = _min_tile_rows(k_spec, v_spec) if min_tile_rows is None else min_tile_rows
-    M = min(MAX_TILE_ROWS, max(min_rows, _pow2(G * L)))
+    host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
+    if num_warps is None:
+        # one split of a host-bound call is the whole sequence: it keeps its four warps
+        one = _one_warp_programs(k_spec, v_spec, S, G * L) and not (host_bound and num_splits in (None, 1))
+        num_warps = 1 if one else 4
+    one_warp = num_warps == 1
+    if min_tile_rows is None:
+        min_tile_rows = 4 if one_warp else _min_tile_rows(k_spec, v_spec)
+    M = min(MAX_TILE_ROWS, max(min_tile_rows, _pow2(G * L)))
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
     short_affine3 = S <= SHORT_AFFINE3_KEYS and all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
+    if block_n is None and one_warp:
+        block_n = 32 if 8 in (k_spec.bits, v_spec.bits) else 64
     if block_n is None:
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
@@ -814,8 +841,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # and 64 keys run 855 µs against 1616 at 32K (H200, 2026-12-01); 3 stages are best or equal
         # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4) but short
         # 3-bit affine caches
-        num_stages = 2 if any(_turbo8(s) for s in (k_spec, v_spec)) or short_affine3 else 3
-    if num_splits is None and q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS:
+        num_stages = 2 if (any(_turbo8(s) for s in (k_spec, v_spec)) or short_affine3) and not one_warp else 3
+    if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
         sms = _multiprocessors(q.device) if q.is_cuda else 4
@@ -860,7 +887,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                     num_warps: int = 4, num_stages: Optional[int] = None, programs_per_sm: int = 8,
+                     num_warps: Optional[int] = None, num_stages: Optional[int] = None, programs_per_sm: int = 8,
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None) -> torch.Tensor:
@@ -869,7 +896,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
 
     ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
     the positions the ring holds; their dense attention is one more partial, merged by the
-    splits' merge (log-sum-exp), so the ring never widens the kernel. ``maxnreg``: a register cap for
+    splits' merge (log-sum-exp), so the ring never widens the kernel. ``num_warps``: warps per
+    program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3-bit;
+    :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
     the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
     slower than none).
     """
