@@ -671,7 +671,9 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
     max, sum and layout change of the softmax (18 per block, sm_90 SASS); one warp has none of them and
     eight such programs fit an SM. H200, 32K context, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, four
-    warps against one (``scratch`` sweep, 2026-12-02): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
+    warps against one (2026-12-02, ``benchmarks/results/decode_sweep_one_warp_session11.csv`` and
+    ``decode_one_warp_threshold_session11.csv``; ``benchmarks/decode_attention.py --sweep`` sweeps the
+    same parameters): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
     2-bit 146.4 → 90.9, 8-bit 173.1 → 159.1; turbo 3-bit 371.6 → 306.5 and 2-bit 327.6 → 269.3 (with
     spills); turbo 4-bit 296.1 → 295.9 and 8-bit 806.9 → 857.3 keep four warps. At 1K every width
     ran slower with one warp (affine 4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed
