@@ -285,10 +285,10 @@ def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     kq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg)
     vq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg, role="v")
 
-    def long(t):  # a cache of S rows of the same layout (only shapes and strides matter to a plan)
+    def rows_last(t):  # affine metadata as one word per row, as the op passes it
         return t.flatten(-2) if t.dim() == 5 else t
 
-    shapes = [long(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
+    shapes = [rows_last(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
     t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
              min_tile_rows=None, maxnreg=None) | tuning
