@@ -311,6 +311,25 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     assert options["num_stages"] == 3 or warps == 4
     if warps == 1:
         assert consts["M"] == max(4, 4 * L)  # no padding rows beyond the MMA's own
+    assert consts["SKIP_RESCALE"] == (warps == 1)
+
+
+@pytest.mark.parametrize("trend", ["rising", "falling", "flat"])
+@pytest.mark.parametrize("bits", [8, 4, 3])
+def test_one_warp_rescales_where_the_running_max_rises(trend, bits):
+    # one program over many blocks: rising scores move the running max in every block (each block
+    # rescales), falling ones only in the first (later blocks skip the rescale), flat ones now and then
+    B, hkv, g, S, D = 1, 2, 4, 160, 64
+    gen = torch.Generator().manual_seed(bits)
+    ramp = {"rising": torch.linspace(-1, 1, S), "falling": torch.linspace(1, -1, S), "flat": torch.zeros(S)}[trend]
+    q = (torch.randn(B, hkv * g, 1, D, generator=gen) + 1).to(DEVICE)
+    k = torch.randn(B, hkv, S, D, generator=gen) * 0.5 + ramp[:, None]  # q · k trends with the ramp
+    v = torch.randn(B, hkv, S, D, generator=gen)
+    cfg = KVQuantConfig(method="affine", bits=bits)
+    kq, vq = quantize_kv(k.to(DEVICE), cfg), quantize_kv(v.to(DEVICE), cfg, role="v")
+    out = decode_attention(q, kq.codes, kq.meta.flatten(-2), vq.codes, vq.meta.flatten(-2), kq.spec, vq.spec, D,
+                           num_warps=1, num_splits=1, block_n=16)
+    assert _rel(out, reference_attention(q, kq, vq)) < TOL
 
 
 @pytest.mark.gpu

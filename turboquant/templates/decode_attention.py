@@ -380,7 +380,7 @@ def _decode_split_kernel(
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
-    V_HADAMARD: tl.constexpr,
+    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -439,10 +439,19 @@ def _decode_split_kernel(
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
 
     start = split * (SPLIT_BLOCKS * BLOCK_N)
+    km_base = km_ptr + b * stride_kmb + h * stride_kmh
+    vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
+    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + tl.arange(0, BLOCK_N), S, stride_kms,
+                                                   stride_vms, K_TURBO, V_TURBO)
     for i in range(SPLIT_BLOCKS):
         n = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < S
         n64 = n.to(tl.int64)
+        # the next block's metadata is loaded a block ahead (the codes go through the pipeliner's
+        # shared-memory stages, these small loads do not): loaded in the block that reads them, each
+        # waited the full memory latency, 24% of affine 4-bit's and 48% of 8-bit's issue cycles at 32K
+        # (ncu long-scoreboard stalls, H200, one-warp programs)
+        next_meta = _block_meta(km_base, vm_base, n + BLOCK_N, S, stride_kms, stride_vms, K_TURBO, V_TURBO)
 
         # ---- scores -------------------------------------------------------------------
         k0, k1, k2 = _load_row_bytes(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
@@ -458,12 +467,11 @@ def _decode_split_kernel(
             dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
             dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
             dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-        km_row = km_ptr + b * stride_kmb + h * stride_kmh + n64 * stride_kms
         if K_TURBO:
-            s = dots * (tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * (qk_scale / K_UNIT))[None, :]
+            s = dots * (k_scale.to(tl.float32) * (qk_scale / K_UNIT))[None, :]
         else:
-            a_k = tl.load(km_row, mask=n_ok, other=0.0).to(tl.float32) * qk_scale
-            z_k = tl.load(km_row + 1, mask=n_ok, other=0.0).to(tl.float32)
+            a_k = k_scale.to(tl.float32) * qk_scale
+            z_k = k_zero.to(tl.float32)
             s = dots * (a_k / K_UNIT)[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
@@ -488,16 +496,38 @@ def _decode_split_kernel(
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
+        if SKIP_RESCALE:
+            # the accumulators are rescaled only in blocks where some row's running max rose (a few
+            # blocks of a long split): the same arithmetic without multiplying by 1 everywhere else.
+            # One-warp programs only, where the test is a few shuffles; with four warps it is one
+            # more barrier per block. H200, 32K, CUDA graph: affine 8-bit 136.8 → 133.7 µs, 4-bit
+            # 91.2 → 88.1, 3-bit 104.9 → 101.9, 2-bit 78.0 → 79.2 (benchmarks/RESULTS.md)
+            if tl.max((m_new > m_i).to(tl.int32), axis=0) > 0:
+                alpha = tl.exp2(m_i - m_safe)
+                l_i = l_i * alpha
+                z_acc = z_acc * alpha
+                a0 = a0 * alpha[:, None]
+                if VP > 1:
+                    a1 = a1 * alpha[:, None]
+                if VP > 2:
+                    a2 = a2 * alpha[:, None]
+                    a3 = a3 * alpha[:, None]
+                if VP > 4:
+                    a4 = a4 * alpha[:, None]
+                    a5 = a5 * alpha[:, None]
+                    a6 = a6 * alpha[:, None]
+                    a7 = a7 * alpha[:, None]
+            alpha = tl.full([M], 1.0, tl.float32)
+        else:
+            alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        vm_row = vm_ptr + b * stride_vmb + h * stride_vmh + n64 * stride_vms
-        pv = (p * tl.load(vm_row, mask=n_ok, other=0.0).to(tl.float32)[None, :]).to(tl.float16)
+        pv = (p * v_scale.to(tl.float32)[None, :]).to(tl.float16)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
-            z_v = tl.load(vm_row + 1, mask=n_ok, other=0.0).to(tl.float32)
+            z_v = v_zero.to(tl.float32)
             z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * z_v[None, :], axis=1)
         v0, v1, v2 = _load_row_bytes(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
                                      V_BITS, V_NBYTES, VPW)
@@ -512,6 +542,7 @@ def _decode_split_kernel(
             a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a5 * alpha[:, None])
             a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a6 * alpha[:, None])
             a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a7 * alpha[:, None])
+        k_scale, k_zero, v_scale, v_zero = next_meta
 
     W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
     if FINAL:  # one split: normalise here, no partials
@@ -564,6 +595,19 @@ def _decode_split_kernel(
             _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
             _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
             _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
+
+
+@triton.jit
+def _block_meta(km_base, vm_base, n, S, stride_kms, stride_vms, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr):
+    """Keys ``n``'s metadata as stored: K scale (turbo: norm), K zero point, V scale (norm), V zero
+    point; a turbo row has no zero point (its norm stands in, unread)."""
+    n_ok = n < S
+    n64 = n.to(tl.int64)
+    k_scale = tl.load(km_base + n64 * stride_kms, mask=n_ok, other=0.0)
+    v_scale = tl.load(vm_base + n64 * stride_vms, mask=n_ok, other=0.0)
+    k_zero = k_scale if K_TURBO else tl.load(km_base + n64 * stride_kms + 1, mask=n_ok, other=0.0)
+    v_zero = v_scale if V_TURBO else tl.load(vm_base + n64 * stride_vms + 1, mask=n_ok, other=0.0)
+    return k_scale, k_zero, v_scale, v_zero
 
 
 @triton.jit
@@ -873,7 +917,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
-        K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D))
+        K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
+        SKIP_RESCALE=one_warp)
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
