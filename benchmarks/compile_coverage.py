@@ -26,7 +26,7 @@ import warnings
 import torch
 
 import turboquant
-from turboquant.integrations.transformers import initialize_cache, quantize_cache
+from turboquant.integrations.transformers import cache_kwarg, initialize_cache, quantize_cache
 from turboquant.reporting import format_table, write_csv
 from turboquant.testing import FAMILIES, left_padded_batch, tiny_hf_model
 
@@ -50,7 +50,7 @@ def _bytes_ratio(base, ids, mask, cache, bits):
     quantize_cache(c, lambda i: turboquant.KVQuantConfig(bits=bits))
     initialize_cache(c, base, ids.shape[0])
     with torch.no_grad():
-        base(ids, attention_mask=mask, cache=c)
+        base(ids, attention_mask=mask, **{cache_kwarg(base.forward): c})
     nb = turboquant.cache_nbytes(c)
     return nb["quantized"] / nb["dense"]
 

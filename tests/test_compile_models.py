@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import turboquant
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.compat import dynamo_counters, run_and_get_code, triton_wrapper_code_on_cpu
+from turboquant.integrations.transformers import cache_kwarg
 from turboquant.testing import left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -21,6 +22,11 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 def _llama(attn=None, family="llama"):
     return tiny_hf_model(family, attn=attn)
+
+
+def _cache(model, cache) -> dict:
+    # the forward's cache keyword: ``cache`` from transformers 5.2x, ``past_key_values`` before (5.17)
+    return {cache_kwarg(model.forward): cache}
 
 
 def _generate(model, ids, **kw):
@@ -39,11 +45,30 @@ def test_generate_8bit_follows_unquantized_and_cache_is_quantized(family, cache)
     out = _generate(model, ids, **kw)
     assert torch.equal(out, ref)
     rows = turboquant.report(model)
-    read = "eager" if family == "gemma2" else "sdpa"  # Gemma 2 defaults to eager (soft-capped) attention
+    # the attention the model's config picked (Gemma 2 defaults to eager from transformers 5.2x, sdpa in 5.17)
+    read = "eager" if base.config._attn_implementation == "eager" else "sdpa"
     assert len(rows) == 2 and all(r.status == "quantized" and r.read == read for r in rows)
     static_write = "copy_" if family == "gemma3" else "index_copy_"  # sliding-window static layers roll with copy_
     assert rows[0].write == ("cat" if cache == "dynamic" else static_write)
     assert dynamo_counters()["turboquant"]["layers_quantized"] >= 2
+
+
+def test_generate_output_cache_read_without_deprecation_warning(caplog):
+    # transformers 5.2x renamed the output's past_key_values to cache and logs a warning on the old
+    # name (tq demo printed it); 5.17 has only past_key_values
+    from turboquant.integrations.transformers import output_cache
+
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        out = base.generate(ids, max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
+    import logging
+
+    logging.Logger.warning_once.cache_clear()  # transformers logs it once per process
+    with caplog.at_level("WARNING"):
+        cache = output_cache(out)
+    assert isinstance(cache, transformers.Cache) and cache.get_seq_length() == 6
+    assert "deprecated" not in caplog.text
 
 
 def test_forward_logits_bits_and_bytes():
@@ -56,8 +81,8 @@ def test_forward_logits_bits_and_bytes():
         model = turboquant.compile(copy.deepcopy(base), bits=bits)
         cache = transformers.DynamicCache(config=model.config)
         with torch.no_grad():
-            logits = model(ids[:, :12], cache=cache).logits
-            logits = torch.cat([logits, model(ids[:, 12:], cache=cache).logits], 1)
+            logits = model(ids[:, :12], **_cache(model, cache)).logits
+            logits = torch.cat([logits, model(ids[:, 12:], **_cache(model, cache)).logits], 1)
         assert all(isinstance(layer.keys, QuantizedCacheTensor) for layer in cache.layers)
         nb = turboquant.cache_nbytes(cache)
         ratios[bits] = nb["quantized"] / nb["dense"]
@@ -76,9 +101,9 @@ def test_compiled_equals_eager_quantized_model():
     eager_cache = transformers.DynamicCache(config=base.config)
     turboquant.integrations.transformers.quantize_cache(eager_cache, lambda i: cfg)
     with torch.no_grad():
-        eager = base(ids, cache=eager_cache).logits
+        eager = base(ids, **_cache(base, eager_cache)).logits
         model = turboquant.compile(copy.deepcopy(base), method="turbo", bits=3)
-        compiled = model(ids, cache=transformers.DynamicCache(config=base.config)).logits
+        compiled = model(ids, **_cache(model, transformers.DynamicCache(config=base.config))).logits
     assert float((compiled - eager).norm() / eager.norm()) < 1e-5
 
 
@@ -400,8 +425,8 @@ def test_mixed_bits_and_protected_layers_store_exactly_their_bytes(options, per_
     model = turboquant.compile(copy.deepcopy(base), **options)
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
-        model(ids, cache=cache)
-        model(ids[:, :1], cache=cache)
+        model(ids, **_cache(model, cache))
+        model(ids[:, :1], **_cache(model, cache))
     vectors = 2 * base.config.num_key_value_heads * 12  # batch x kv heads x tokens
     assert _held_bytes(cache) == [(k * vectors, v * vectors) for k, v in per_vector]
     rows = {r.layer: r for r in turboquant.report(model, cache)}
@@ -453,8 +478,8 @@ def test_residual_window_compiled_equals_eager_and_recovers_precision(cache, att
         model = turboquant.compile(copy.deepcopy(base), bits=2, residual_window=window)
         with torch.no_grad():
             forced = ref.sequences[:, :-1]  # teacher-force the unquantized tokens: one forward
-            eager = base(forced, cache=eager_cache).logits
-            compiled = model(forced, cache=transformers.DynamicCache(config=base.config)).logits
+            eager = base(forced, **_cache(base, eager_cache)).logits
+            compiled = model(forced, **_cache(model, transformers.DynamicCache(config=base.config))).logits
             gen = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
                                  return_dict_in_generate=True, **kw)
             dense = base(forced).logits
@@ -602,7 +627,7 @@ def test_forward_in_grad_mode_runs_without_gradient_and_warns_once():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         out = model(ids)
-        step = model(ids[:, :1], cache=out.past_key_values)
+        step = model(ids[:, :1], **_cache(model, out.past_key_values))
     msgs = [str(m.message) for m in w if "turboquant" in str(m.message)]
     assert len(msgs) == 1 and "torch.no_grad()" in msgs[0], msgs
     assert not out.logits.requires_grad and not step.logits.requires_grad

@@ -61,7 +61,9 @@ def timed_generate(model, ids, new_tokens, **kwargs):
         if ids.is_cuda:
             torch.cuda.synchronize(ids.device)
         dt = time.perf_counter() - t0
-    cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+    from .integrations import transformers as hf
+
+    cache = hf.output_cache(out)
     return out.sequences[:, ids.shape[1]:], cache, dt
 
 

@@ -39,6 +39,14 @@ def cache_kwarg(forward) -> str:
     return "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
 
 
+def output_cache(out):
+    """The cache a model output or ``generate`` result carries, by the name its transformers gives
+    it (``cache`` from 5.2x, where reading ``past_key_values`` logs a deprecation warning)."""
+    fields = getattr(type(out), "__dataclass_fields__", {})
+    name = "cache" if "cache" in fields else "past_key_values"
+    return getattr(out, name, None)
+
+
 def is_hf_cache(obj) -> bool:
     try:
         from transformers.cache_utils import Cache
