@@ -1,6 +1,7 @@
 """turboquant.compile on real model code: transformers models from small configs, gpt-fast style buffers."""
 
 import copy
+import logging
 import math
 import re
 import warnings
@@ -62,8 +63,6 @@ def test_generate_output_cache_read_without_deprecation_warning(caplog):
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         out = base.generate(ids, max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
-    import logging
-
     logging.Logger.warning_once.cache_clear()  # transformers logs it once per process
     with caplog.at_level("WARNING"):
         cache = output_cache(out)
