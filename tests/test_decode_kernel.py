@@ -241,9 +241,11 @@ def test_op_dispatches_to_the_kernel_on_cuda():
     assert _rel(out, ref) < TOL
 
 
-@pytest.mark.parametrize("method, mask, num_splits", [("affine", None, 1), ("turbo", "bool", 3),
-                                                       ("affine", "causal", 2), ("turbo", "additive", 1)])
-def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_splits):
+@pytest.mark.parametrize("method, mask, num_splits, groups", [
+    ("affine", None, 1, 1), ("turbo", "bool", 3, 1), ("affine", "causal", 2, 1), ("turbo", "additive", 1, 1),
+    ("affine", "bool", 1, 2),  # 8 query rows in two row groups (one-warp tiles)
+])
+def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_splits, groups):
     """Positions a ring holds are read from it dense, the rest from the codes: the kernel against
     the float64 decode-overlay-attend of the same buffers."""
     from turboquant.ops import overlay_ring
@@ -265,8 +267,9 @@ def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_split
         m = torch.randn(B, hkv * g, L, S, generator=gen).to(DEVICE)
     flat = (lambda t: t.flatten(-2)) if method == "affine" else (lambda t: t)
     out = decode_attention(q, kq.codes, flat(kq.meta), vq.codes, flat(vq.meta), kq.spec, vq.spec, D, attn_mask=m,
-                           is_causal=mask == "causal", block_n=16 if DEVICE == "cpu" else 128,
-                           num_splits=num_splits, k_ring=k_ring, v_ring=v_ring, ring_pos=ring_pos)
+                           is_causal=mask == "causal", num_splits=num_splits, k_ring=k_ring, v_ring=v_ring,
+                           ring_pos=ring_pos, **({"block_n": 16 if DEVICE == "cpu" else 128} if groups == 1 else
+                                                 {"block_n": 32, "num_warps": 1, "row_groups": groups}))
     k = overlay_ring(dequantize_kv(kq).double(), k_ring.double(), ring_pos)
     v = overlay_ring(dequantize_kv(vq).double(), v_ring.double(), ring_pos)
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, attn_mask=m if m is None or m.dtype == torch.bool else m.double(),
@@ -291,7 +294,7 @@ def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     shapes = [rows_last(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
     t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
-             min_tile_rows=None, maxnreg=None) | tuning
+             min_tile_rows=None, maxnreg=None, row_groups=None) | tuning
     plan = da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
                          tuple(t.values()), capturing)
     consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
@@ -309,14 +312,46 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L)
     assert options["num_warps"] == warps and consts["BLOCK_N"] == block_n
     assert options["num_stages"] == 3 or warps == 4
-    if warps == 1:
-        assert consts["M"] == max(4, 4 * L)  # no padding rows beyond the MMA's own
+    if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups
+        groups = 16 // (4 * L) if method == "affine" and bits != 8 else 1
+        assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
     assert consts["SKIP_RESCALE"] == (warps == 1)
 
 
+@pytest.mark.parametrize("bits, S, num_splits, groups", [
+    (4, 32768, None, 4), (2, 8192, None, 4), (3, 4096, 4, 4),  # 1024 keys per split and more
+    (4, 4096, 16, 1),   # 256 keys per split: the merge of the groups would cost more than they save
+    (8, 32768, None, 1), ((4, 8), 32768, None, 1),  # 8-bit rows are near the memory's pace without them
+])
+def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), S,
+                                    num_splits=num_splits)
+    assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 4 * groups
+
+
+def test_row_groups_name_what_fits():
+    with pytest.raises(ValueError, match=r"row_groups=8 does not fit 4 query rows per tile and block_n=64; allowed"):
+        _plan_options(KVQuantConfig(method="affine", bits=4), 32768, row_groups=8)
+
+
+@pytest.mark.parametrize("bits, g, L, mask, num_splits, groups", [
+    ((4, 4), 4, 1, None, 1, 4), ((4, 4), 4, 1, "padded", 3, 4), ((2, 2), 4, 2, "causal", 1, 2),
+    ((3, 3), 1, 3, "bool", 3, 4), ((4, 3), 2, 1, "additive", 1, 4), ((2, 4), 8, 1, None, 3, 2),
+    ((8, 8), 4, 1, "bool", 1, 4),  # not a default, but a valid launch
+])
+def test_row_groups_match_the_oracle(bits, g, L, mask, num_splits, groups):
+    # one-warp tiles of 4 or 8 query rows repeat down the MMA's 16 rows, each group reading its own
+    # part of every block; the groups merge after the loop. 201 keys: the last block's groups are
+    # partly and wholly past the end
+    out, ref = _case("affine", *bits, B=2, hkv=2, g=g, L=L, S=201, D=64, mask=mask, seed=g + L, num_warps=1,
+                     block_n=64, num_splits=num_splits, row_groups=groups)
+    assert _rel(out, ref) < TOL
+
+
 @pytest.mark.parametrize("trend", ["rising", "falling", "flat"])
-@pytest.mark.parametrize("bits", [8, 4, 3])
-def test_one_warp_rescales_where_the_running_max_rises(trend, bits):
+@pytest.mark.parametrize("bits, block_n, groups", [(8, 16, 1), (4, 16, 1), (3, 16, 1), (4, 64, 4), (2, 32, 2)])
+def test_one_warp_rescales_where_the_running_max_rises(trend, bits, block_n, groups):
     # one program over many blocks: rising scores move the running max in every block (each block
     # rescales), falling ones only in the first (later blocks skip the rescale), flat ones now and then
     B, hkv, g, S, D = 1, 2, 4, 160, 64
@@ -328,7 +363,7 @@ def test_one_warp_rescales_where_the_running_max_rises(trend, bits):
     cfg = KVQuantConfig(method="affine", bits=bits)
     kq, vq = quantize_kv(k.to(DEVICE), cfg), quantize_kv(v.to(DEVICE), cfg, role="v")
     out = decode_attention(q, kq.codes, kq.meta.flatten(-2), vq.codes, vq.meta.flatten(-2), kq.spec, vq.spec, D,
-                           num_warps=1, num_splits=1, block_n=16)
+                           num_warps=1, num_splits=1, block_n=block_n, row_groups=groups)
     assert _rel(out, reference_attention(q, kq, vq)) < TOL
 
 

@@ -19,6 +19,11 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   ``√d · R``, a signed Hadamard matrix, exact ±1 in fp16), norms scale the scores and the
   probabilities. Every split's output leaves in the model's dims.
 
+A one-warp tile of 4 or 8 query rows fills a quarter or half of the MMA's 16 rows; with *row
+groups* (affine, long splits) its rows repeat down the 16 and group ``r`` reads its own part of
+every block, so the softmax covers a block in a quarter of the tile; the groups merge after the
+loop (:func:`_row_groups`).
+
 Each split writes its running max, normaliser and unnormalised output; :func:`decode_attention`
 merges the splits (log-sum-exp). Rows whose keys are all masked give 0, as the oracle.
 """
@@ -68,6 +73,10 @@ SHORT_AFFINE3_KEYS = 1024
 
 # Keys per sequence from which a program is one warp (:func:`_one_warp_programs`).
 LONG_CACHE_KEYS = 2048
+
+# Keys per split from which one-warp affine tiles hold row groups (:func:`_row_groups`): shorter
+# splits ran 2–3% slower with them (H200, 4K context: 256 keys per split), 1024 and more faster.
+ROW_GROUP_SPLIT_KEYS = 1024
 
 
 def _planes(bits: int) -> int:
@@ -380,7 +389,7 @@ def _decode_split_kernel(
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
-    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr,
+    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -404,7 +413,13 @@ def _decode_split_kernel(
     b = (pid_bh // HKV).to(tl.int64)
     h = (pid_bh % HKV).to(tl.int64)
 
-    rows = tl.program_id(2) * M + tl.arange(0, M)  # query rows (head-major, then position) of this tile
+    # NG row groups: the tile's TR query rows repeated NG times down the M rows of the MMA, group r
+    # reading keys r·SUB_N … of each block (key groups, see _row_groups)
+    TR: tl.constexpr = M // NG
+    SUB_N: tl.constexpr = BLOCK_N // NG
+    tl.static_assert(NG == 1 or SUB_N >= 16)
+    grp = tl.arange(0, M) // TR
+    rows = tl.program_id(2) * TR + tl.arange(0, M) % TR  # query rows (head-major, then position) of this tile
     row_ok = rows < G * L
     qh = h * G + rows // L
     ql = rows % L
@@ -441,55 +456,50 @@ def _decode_split_kernel(
     start = split * (SPLIT_BLOCKS * BLOCK_N)
     km_base = km_ptr + b * stride_kmb + h * stride_kmh
     vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
+    kc_base = kc_ptr + b * stride_kcb + h * stride_kch
+    vc_base = vc_ptr + b * stride_vcb + h * stride_vch
+    # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
+    kpos = _key_positions(start, grp, BLOCK_N, NG)
     k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + tl.arange(0, BLOCK_N), S, stride_kms,
                                                    stride_vms, K_TURBO, V_TURBO)
     for i in range(SPLIT_BLOCKS):
-        n = start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < S
+        blk = start + i * BLOCK_N
+        n = kpos + i * BLOCK_N
         n64 = n.to(tl.int64)
         # the next block's metadata is loaded a block ahead (the codes go through the pipeliner's
         # shared-memory stages, these small loads do not): loaded in the block that reads them, each
         # waited the full memory latency, 24% of affine 4-bit's and 48% of 8-bit's issue cycles at 32K
         # (ncu long-scoreboard stalls, H200, one-warp programs)
-        next_meta = _block_meta(km_base, vm_base, n + BLOCK_N, S, stride_kms, stride_vms, K_TURBO, V_TURBO)
+        next_meta = _block_meta(km_base, vm_base, blk + BLOCK_N + tl.arange(0, BLOCK_N), S, stride_kms, stride_vms,
+                                K_TURBO, V_TURBO)
 
         # ---- scores -------------------------------------------------------------------
-        k0, k1, k2 = _load_row_bytes(kc_ptr + b * stride_kcb + h * stride_kch + n64[:, None] * stride_kcs, n_ok,
-                                     K_BITS, K_NBYTES, KPW)
-        dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, K_BITS, K_TURBO, klut_ptr, USE_ASM)))
-        if KP > 1:
-            dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-        if KP > 2:
-            dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-            dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-        if KP > 4:
-            dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-            dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-            dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
-            dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, K_BITS, K_TURBO, klut_ptr, USE_ASM)), dots)
+        dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM)
         if K_TURBO:
-            s = dots * (k_scale.to(tl.float32) * (qk_scale / K_UNIT))[None, :]
+            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
         else:
             a_k = k_scale.to(tl.float32) * qk_scale
             z_k = k_zero.to(tl.float32)
-            s = dots * (a_k / K_UNIT)[None, :] - q_sum[:, None] * (z_k * a_k)[None, :]
+            s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum[:, None] * _per_key(z_k * a_k, NG, TR)
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
             s = s * LOG2E
         # rows past G·L are padding (zero queries, never stored): only keys are masked
-        keep = n_ok[None, :]
+        keep = _per_key(n < S, NG)
         if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
-            keep = keep & (n[None, :] <= ql[:, None])
+            keep = keep & (_per_key(n, NG) <= ql[:, None])
         if HAS_MASK:
             keep = keep & row_ok[:, None]
-            mptr = mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml + n64[None, :] * stride_ms
+            mptr = (mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml
+                    + _per_key(n64, NG) * stride_ms)
             if MASK_BOOL:
                 keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
             else:
                 s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
         if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
-            held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n_ok, other=-1) == n64
-            keep = keep & ~held[None, :]
+            held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n < S, other=-1) == n64
+            keep = keep & ~_per_key(held, NG)
         s = tl.where(keep, s, float("-inf"))
 
         # ---- online softmax (base 2) ------------------------------------------------------
@@ -515,25 +525,30 @@ def _decode_split_kernel(
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        pv = (p * v_scale.to(tl.float32)[None, :]).to(tl.float16)
+        pv = (p * _per_key(v_scale.to(tl.float32), NG, TR)).to(tl.float16)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = v_zero.to(tl.float32)
-            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * z_v[None, :], axis=1)
-        v0, v1, v2 = _load_row_bytes(vc_ptr + b * stride_vcb + h * stride_vch + n64[:, None] * stride_vcs, n_ok,
-                                     V_BITS, V_NBYTES, VPW)
-        a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a0 * alpha[:, None])
-        if VP > 1:
-            a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a1 * alpha[:, None])
-        if VP > 2:
-            a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a2 * alpha[:, None])
-            a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a3 * alpha[:, None])
-        if VP > 4:
-            a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a4 * alpha[:, None])
-            a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a5 * alpha[:, None])
-            a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a6 * alpha[:, None])
-            a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, V_BITS, V_TURBO, vlut_ptr, USE_ASM), a7 * alpha[:, None])
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR), axis=1)
+        # group r's probabilities meet sub-block r's values; the other groups' rows are zeros there
+        a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
+            pv if NG == 1 else tl.where(grp[:, None] == 0, pv, 0.0), vc_base, blk, S, stride_vcs,
+            a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
+            a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
+            vlut_ptr, USE_ASM)
+        for r in tl.static_range(1, NG):
+            a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
+                tl.where(grp[:, None] == r, pv, 0.0), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM)
         k_scale, k_zero, v_scale, v_zero = next_meta
+
+    if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
+        m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4,
+                                                                             a5, a6, a7, NG, TR, VP)
+        rows = tl.program_id(2) * TR + tl.arange(0, TR)
+        row_ok = rows < G * L
+        qh = h * G + rows // L
+        ql = rows % L
 
     W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
     if FINAL:  # one split: normalise here, no partials
@@ -544,7 +559,7 @@ def _decode_split_kernel(
     else:  # partials: [B, Hq, L, n_parts, VP·VPW] in natural dim order (a ring's part is the last)
         prow = ((b * HKV * G + qh) * L + ql) * n_parts + split
         out_row = po_ptr + prow[:, None] * (VP * VPW)
-        inv = tl.full([M, 1], 1.0, tl.float32)
+        inv = tl.full([TR, 1], 1.0, tl.float32)
         z_c = z_acc[:, None]
         tl.store(pm_ptr + prow, m_i, mask=row_ok)
         tl.store(pl_ptr + prow, l_i, mask=row_ok)
@@ -604,6 +619,123 @@ def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexp
         a6 = a6 * alpha[:, None]
         a7 = a7 * alpha[:, None]
     return l_i * alpha, z_acc * alpha, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr):
+    """Positions of a block's keys as the scores hold them: ``[BLOCK_N]`` (one row group: every row
+    reads every key), or ``[M, BLOCK_N / NG]`` (row group ``r`` reads keys ``r · BLOCK_N / NG …``)."""
+    if NG == 1:
+        pos = start + tl.arange(0, BLOCK_N)
+    else:
+        SUB_N: tl.constexpr = BLOCK_N // NG
+        pos = start + grp[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    return pos
+
+
+@triton.jit
+def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
+    """A per-key quantity in the score tile's shape: broadcast over the rows if ``x`` has
+    :func:`_key_positions`' shape; a block's ``[BLOCK_N]`` laid out ``[M, BLOCK_N / NG]`` with
+    ``TR`` rows per group given."""
+    if NG == 1:
+        x = x[None, :]
+    elif len(x.shape) == 1:
+        SUB_N: tl.constexpr = x.shape[0] // NG
+        x = tl.reshape(tl.broadcast_to(tl.reshape(x, [NG, 1, SUB_N]), [NG, TR, SUB_N]), [NG * TR, SUB_N])
+    return x
+
+
+@triton.jit
+def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
+              NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
+              USE_ASM: tl.constexpr):
+    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
+    n = first + tl.arange(0, N)
+    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
+    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM)))
+    if KP > 1:
+        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+    if KP > 2:
+        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+    if KP > 4:
+        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+    return dots
+
+
+@triton.jit
+def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
+                TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
+                BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr):
+    """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
+    (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
+    and the softmax then runs once for the block)."""
+    SUB_N: tl.constexpr = BLOCK_N // NG
+    dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
+                     klut_ptr, USE_ASM)
+    for r in tl.static_range(1, NG):
+        dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
+                                                     stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
+                                                     USE_ASM), dots)
+    return dots
+
+
+@triton.jit
+def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
+                TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
+                vlut_ptr, USE_ASM: tl.constexpr):
+    """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane."""
+    n = first + tl.arange(0, N)
+    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
+    a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM), a0)
+    if VP > 1:
+        a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM), a1)
+    if VP > 2:
+        a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM), a2)
+        a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM), a3)
+    if VP > 4:
+        a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM), a4)
+        a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM), a5)
+        a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM), a6)
+        a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM), a7)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _group_merge(x, w, NG: tl.constexpr, TR: tl.constexpr):
+    """``Σ_r w_r · x_r`` over the row groups of ``x [NG·TR, …]`` (weights per row): ``[TR, …]``."""
+    if len(x.shape) == 1:
+        y = tl.sum(tl.reshape(x * w, [NG, TR]), axis=0)
+    else:
+        y = tl.sum(tl.reshape(x * w[:, None], [NG, TR, x.shape[1]]), axis=0)
+    return y
+
+
+@triton.jit
+def _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, NG: tl.constexpr, TR: tl.constexpr,
+                       VP: tl.constexpr):
+    """The row groups' running max, normaliser, value zero-point sum and accumulators merged into each
+    query row's (log-sum-exp), as the merge kernel merges splits."""
+    m_row = tl.max(tl.reshape(m_i, [NG, TR]), axis=0)
+    m_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
+    m_b = tl.reshape(tl.broadcast_to(m_safe[None, :], [NG, TR]), [NG * TR])
+    w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_b))
+    a0 = _group_merge(a0, w, NG, TR)
+    if VP > 1:
+        a1 = _group_merge(a1, w, NG, TR)
+    if VP > 2:
+        a2 = _group_merge(a2, w, NG, TR)
+        a3 = _group_merge(a3, w, NG, TR)
+    if VP > 4:
+        a4 = _group_merge(a4, w, NG, TR)
+        a5 = _group_merge(a5, w, NG, TR)
+        a6 = _group_merge(a6, w, NG, TR)
+        a7 = _group_merge(a7, w, NG, TR)
+    return m_row, _group_merge(l_i, w, NG, TR), _group_merge(z_acc, w, NG, TR), a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
@@ -737,6 +869,27 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
         s.method == "affine" or s.bits in (2, 3) for s in (k_spec, v_spec))
 
 
+def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
+    """Row groups of a one-warp tile (:func:`_one_warp_programs`). A tile of ``rows`` query rows (4,
+    or 8) fills a quarter or half of the MMA's 16 rows, and the softmax ran on all 16: its score tile
+    was ``16 × block_n`` for ``rows × block_n`` scores. With ``16 / rows`` groups the tile's rows
+    repeat down the MMA's and group ``r`` takes keys ``r · block_n / groups …`` of each block: the
+    MMAs do the same work, and the softmax, the metadata's layout and the running max cover the
+    block in a ``16 × block_n / groups`` tile. The groups merge (log-sum-exp) once, after the loop.
+
+    sm_90 SASS of the loop (warp instructions per key, B=8 Hq=32 Hkv=8 D=128, 32K): affine 4-bit
+    18.9 → 15.6, 2-bit 18.3 → 14.1, 3-bit 24.4 → 22.0, 8-bit (32-key blocks, 2 groups) 22.5 → 20.7.
+    H200, CUDA graph µs, one group against the default (2026-12-02,
+    ``benchmarks/results/decode_row_groups_session13.csv``): 32K affine 4-bit 93.0 → 89.5, 2-bit
+    77.7 → 72.5, 3-bit 102.7 → 100.2; 16K 49.2 → 47.9, 43.6 → 41.8, 55.6 → 56.1; at 4K (256 keys per
+    split) every width ran 2–3% slower (the merge is a larger share of a short split). Not for
+    8-bit (142.5 against 143.0 at 32K: it is near the memory already) nor turbo (its gathers spill
+    more: turbo 2-bit 269.6 → 316.8 at 32K). Sub-blocks stay at least 16 keys (an MMA's k-step)."""
+    if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < ROW_GROUP_SPLIT_KEYS:
+        return 1
+    return max(1, min(16 // rows, block_n // 16))
+
+
 def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     """Keys a split covers at least. A program's fixed work is large for turbo keys (the query's
     rotation: R read and three MMAs per plane) and for 3-bit affine (registers for eight planes);
@@ -866,7 +1019,7 @@ class _Plan:
 
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
-    block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg = tuning
+    block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -906,6 +1059,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
     split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
     num_splits = max(1, _cdiv(S, split_blocks * block_n))
+    if row_groups is None:
+        row_groups = _row_groups(k_spec, v_spec, M, block_n, split_blocks * block_n) if one_warp else 1
+    if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
+        raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
+                         f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
+                         f"block_n")
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = _meta_dtype(k_meta, k_spec), _meta_dtype(v_meta, v_spec)
@@ -928,7 +1087,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
-        SKIP_RESCALE=one_warp)
+        SKIP_RESCALE=one_warp, NG=row_groups)
+    consts["M"] = M * row_groups
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
@@ -947,7 +1107,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      num_warps: Optional[int] = None, num_stages: Optional[int] = None, programs_per_sm: int = 8,
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
-                     min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None) -> torch.Tensor:
+                     min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
+                     row_groups: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -963,7 +1124,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
-    tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg)
+    tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups)
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
