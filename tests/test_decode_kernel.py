@@ -279,8 +279,22 @@ def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_split
     assert _rel(no_ring, ref) > 10 * TOL  # the ring changed the answer: the test sees it
 
 
+def _plan_grid(k_cfg, S, L=1, B=2, capturing=False, **tuning):
+    """The split launch's grid of the plan a call of this shape would get."""
+    return _plan(k_cfg, S, L, B, capturing, **tuning).split.grid
+
+
 def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     """The split launch's options and tile of the plan a call of this shape would get."""
+    from turboquant.templates import decode_attention as da
+
+    plan = _plan(k_cfg, S, L, B, capturing, **tuning)
+    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    return plan.split.options, consts
+
+
+def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
+    """The plan a call of this shape would get (CPU tensors: the GPU's launch geometry with 4 SMs)."""
     from turboquant.templates import decode_attention as da
 
     D, hkv = 128, 8
@@ -295,10 +309,8 @@ def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
     t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
              min_tile_rows=None, maxnreg=None, row_groups=None) | tuning
-    plan = da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
+    return da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
                          tuple(t.values()), capturing)
-    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
-    return plan.split.options, consts
 
 
 @pytest.mark.parametrize("method, bits, S, L, warps, block_n", [
@@ -328,6 +340,29 @@ def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
     options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), S,
                                     num_splits=num_splits)
     assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 4 * groups
+
+
+@pytest.mark.parametrize("B", [2, 3])  # 16 KV heads fill the wave twice; 24 once, with 8 programs to spare
+@pytest.mark.parametrize("S", [32768, 32800, 16400, 4100])
+def test_one_warp_splits_fill_one_wave_at_any_length(S, B):
+    # one-warp programs take the loop's bound as an argument: a cache just past a power of two still
+    # splits into one wave's worth (a power-of-two split had made 32800 keys 17 splits on the H200,
+    # a second wave; 132 µs against 85); four-warp programs keep power-of-two splits
+    from turboquant.templates import decode_attention as da
+
+    hkv, wave = 8, 8 * 4  # the plan's programs_per_sm × the CPU's stand-in of 4 SMs
+    for cfg, warps in ((KVQuantConfig(method="affine", bits=4), 1), (KVQuantConfig(method="turbo", bits=4), 4)):
+        options, consts = _plan_options(cfg, S, B=B)
+        plan_grid = _plan_grid(cfg, S, B=B)
+        splits, blocks = plan_grid[1], consts["FIXED_BLOCKS"]  # the interpreter's constant is the split's blocks
+        assert options["num_warps"] == warps
+        assert (splits - 1) * blocks * consts["BLOCK_N"] < S <= splits * blocks * consts["BLOCK_N"]
+        if warps == 1:  # as many even splits as one wave holds
+            assert splits == wave // (B * hkv)
+            keys_per_split = -(-S // splits)
+            assert blocks == -(-keys_per_split // consts["BLOCK_N"])
+        else:
+            assert blocks & (blocks - 1) == 0
 
 
 def test_row_groups_name_what_fits():

@@ -375,7 +375,7 @@ def _store_plane(row_ptr, acc, S: tl.constexpr, P: tl.constexpr, PW: tl.constexp
 def _decode_split_kernel(
     q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, vrot_ptr, mask_ptr, ring_pos_ptr, out_ptr,
     ws_ptr,
-    S, n_parts, sm_scale, softcap,
+    S, n_parts, split_blocks, sm_scale, softcap,
     stride_qb, stride_qh, stride_ql,
     stride_kcb, stride_kch, stride_kcs,
     stride_kmb, stride_kmh, stride_kms,
@@ -383,13 +383,13 @@ def _decode_split_kernel(
     stride_vmb, stride_vmh, stride_vms,
     stride_mb, stride_mh, stride_ml, stride_ms,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr, D: tl.constexpr, DQ: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
     K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
     KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
-    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr,
+    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -453,7 +453,7 @@ def _decode_split_kernel(
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
 
-    start = split * (SPLIT_BLOCKS * BLOCK_N)
+    start = split * (split_blocks * BLOCK_N)
     km_base = km_ptr + b * stride_kmb + h * stride_kmh
     vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
     kc_base = kc_ptr + b * stride_kcb + h * stride_kch
@@ -462,7 +462,9 @@ def _decode_split_kernel(
     kpos = _key_positions(start, grp, BLOCK_N, NG)
     k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + tl.arange(0, BLOCK_N), S, stride_kms,
                                                    stride_vms, K_TURBO, V_TURBO)
-    for i in range(SPLIT_BLOCKS):
+    # (FIXED_BLOCKS: the interpreter, see _make_plan; named in the range, as the interpreter wraps
+    # an assigned constant into an array too)
+    for i in range(FIXED_BLOCKS if FIXED_BLOCKS > 0 else split_blocks):
         blk = start + i * BLOCK_N
         n = kpos + i * BLOCK_N
         n64 = n.to(tl.int64)
@@ -925,9 +927,14 @@ def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.
     return rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32)
 
 
+def _interpreted(q: torch.Tensor) -> bool:
+    """Whether the kernels run under Triton's interpreter (CPU tensors, or ``TRITON_INTERPRET=1``)."""
+    return not q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _use_asm(q: torch.Tensor) -> bool:
     """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
-    return q.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    return not _interpreted(q)
 
 
 def _centroids_fp16(d: int, bits: int) -> torch.Tensor:
@@ -1054,10 +1061,19 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
+        # as many splits as fill one wave of programs_per_sm per SM and no more: a split past it
+        # starts a second wave that runs alone
         sms = _multiprocessors(q.device) if q.is_cuda else 4
-        num_splits = max(1, min(_cdiv(programs_per_sm * sms, B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
-    # blocks per split: a power of two, so a growing cache recompiles the kernel only log2(S) times
-    split_blocks = _pow2(_cdiv(_cdiv(max(S, 1), num_splits), block_n))
+        num_splits = max(1, min(programs_per_sm * sms // (B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
+    split_blocks = _cdiv(_cdiv(max(S, 1), num_splits), block_n)
+    # blocks per split: for one-warp programs the loop's bound is an argument, so any cache length
+    # splits evenly into one wave (a power of two had left 32800 keys 17 splits, a second wave:
+    # affine 4-bit 132.1 µs against 84.9 with the bound an argument, H200, B=8, Hkv=8; at 32768
+    # 86.6 against 84.3). Four-warp programs keep a constant power of two (turbo 4-bit ran 5% slower
+    # at 32K with the argument), so a growing cache recompiles them only log2(S) times.
+    fixed_blocks = not one_warp
+    if fixed_blocks:
+        split_blocks = _pow2(split_blocks)
     num_splits = max(1, _cdiv(S, split_blocks * block_n))
     if row_groups is None:
         row_groups = _row_groups(k_spec, v_spec, M, block_n, split_blocks * block_n) if one_warp else 1
@@ -1080,17 +1096,20 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     strides = (*q.stride()[:3], *_strides(k_codes, k_word), *_strides(k_meta, k_meta_t), *_strides(v_codes, v_word),
                *_strides(v_meta, v_meta_t), *mask_strides)
     consts = dict(
-        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n, SPLIT_BLOCKS=split_blocks,
+        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
-        SKIP_RESCALE=one_warp, NG=row_groups)
+        SKIP_RESCALE=one_warp, NG=row_groups,
+        # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
+        # take as a loop bound: there the bound is a constant too
+        FIXED_BLOCKS=split_blocks if fixed_blocks or _interpreted(q) else 0)
     consts["M"] = M * row_groups
     names = _decode_split_kernel.arg_names
-    tail = (S, n_parts, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
+    tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
     options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
