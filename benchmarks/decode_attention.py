@@ -2,6 +2,7 @@
 
     python benchmarks/decode_attention.py                       # B=8, Hq=32, Hkv=8, D=128, 1K..64K
     python benchmarks/decode_attention.py --contexts 1024 32768 --methods turbo --bits 4
+    python benchmarks/decode_attention.py --contexts 32768 --methods affine --variants one-group:row_groups=1
 
 Per context: bf16 cuDNN and flash SDPA (one query token, GQA) against turboquant's
 ``torch.ops.turboquant.attention`` (one Triton launch: split-K, the splits merged in the kernel) for each method and
@@ -141,6 +142,66 @@ def sweep(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
     return rows_out, list(best.values())
 
 
+def _parse_variant(text):
+    """``name:key=value,key=value`` → (name, launch overrides of ``decode_attention``)."""
+    import ast
+
+    name, _, body = text.partition(":")
+    kwargs = {}
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variants {text!r}: {item!r} is not key=value")
+        kwargs[key.strip()] = ast.literal_eval(value.strip())
+    return name, kwargs
+
+
+def compare_variants(contexts, methods, bits, variants, B=8, HQ=32, HKV=8, D=128):
+    """The kernel with each variant's launch overrides against its defaults, in one process:
+    CUDA-graph µs, ratio against bf16 cuDNN SDPA, and the relative error against a float64
+    attention over the dequantized cache (the same codes)."""
+    import itertools
+
+    import triton.testing as tt
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from turboquant.templates.decode_attention import decode_attention
+
+    rows = []
+    for S in contexts:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, h, n, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for h, n in ((HQ, 1), (HKV, S), (HKV, S)))
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        base = tt.do_bench_cudagraph(cudnn, rep=50, return_mode="median") * 1e3
+        rows.append({"context": S, "setting": "bf16 cuDNN SDPA", "variant": "", "us_graph": base, "speedup_graph": 1.0})
+        for method, b in itertools.product(methods, bits):
+            cfg = KVQuantConfig(method=method, bits=b)
+            kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(v, cfg.spec("v"))
+            kd, vd = (t.dequantize(torch.float32).double().repeat_interleave(HQ // HKV, 1) for t in (kc, vc))
+            ref = F.scaled_dot_product_attention(q.double(), kd, vd)
+            del kd, vd
+            for name, kw in [("default", {})] + variants:
+                def fn(kw=kw):
+                    return decode_attention(q, kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec, D, **kw)
+                try:
+                    err = float((fn().double() - ref).norm() / ref.norm())
+                    us = tt.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+                except Exception as e:  # a launch this tile cannot take (resources, constraints)
+                    print(f"{S} {method} {b}-bit {name}: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                rows.append({"context": S, "setting": f"turboquant {method} {b}-bit", "variant": name, "us_graph": us,
+                             "speedup_graph": base / us, "rel_err": err})
+            del kc, vc, ref
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 32768, 65536])
@@ -150,6 +211,9 @@ def main(argv=None):
     p.add_argument("--sweep", action="store_true",
                    help="only sweep the kernel's launch parameters (at --contexts, --methods, --bits)")
     p.add_argument("--no-write-path", action="store_true", help="skip the compiled cache-write timings")
+    p.add_argument("--variants", nargs="+", metavar="NAME:KEY=VALUE,...",
+                   help="only time decode_attention with these launch overrides (e.g. 'one-group:row_groups=1') "
+                        "against its defaults, with each one's error (at --contexts, --methods, --bits)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -160,6 +224,12 @@ def main(argv=None):
                 "GBps_graph"]
         write_csv(rows, os.path.join(args.out, "decode_sweep.csv"), cols)
         print(format_table(best, cols))
+        return 0
+    if args.variants:
+        rows = compare_variants(args.contexts, args.methods, args.bits, [_parse_variant(v) for v in args.variants])
+        cols = ["context", "setting", "variant", "us_graph", "speedup_graph", "rel_err"]
+        print(format_table(rows, cols))
+        print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_variants.csv'), cols)}")
         return 0
     rows = run(args.contexts, args.methods, args.bits)
     print(format_table(rows, COLUMNS))
