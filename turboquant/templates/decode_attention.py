@@ -462,8 +462,9 @@ def _decode_split_kernel(
     kpos = _key_positions(start, grp, BLOCK_N, NG)
     k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + tl.arange(0, BLOCK_N), S, stride_kms,
                                                    stride_vms, K_TURBO, V_TURBO)
-    # (FIXED_BLOCKS: the interpreter, see _make_plan; named in the range, as the interpreter wraps
-    # an assigned constant into an array too)
+    # blocks per split: an argument for one-warp programs, a constant for four-warp ones and under
+    # the interpreter (_make_plan); named inside range(), since the interpreter turns a constant
+    # assigned to a variable into an array as well
     for i in range(FIXED_BLOCKS if FIXED_BLOCKS > 0 else split_blocks):
         blk = start + i * BLOCK_N
         n = kpos + i * BLOCK_N
@@ -1096,7 +1097,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     strides = (*q.stride()[:3], *_strides(k_codes, k_word), *_strides(k_meta, k_meta_t), *_strides(v_codes, v_word),
                *_strides(v_meta, v_meta_t), *mask_strides)
     consts = dict(
-        HKV=HKV, G=G, L=L, M=M, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
+        HKV=HKV, G=G, L=L, M=M * row_groups, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
@@ -1107,7 +1108,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or _interpreted(q) else 0)
-    consts["M"] = M * row_groups
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
@@ -1137,7 +1137,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3-bit;
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
     the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
-    slower than none).
+    slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
+    default 4 or 2 for affine 2/3/4-bit on splits of ``ROW_GROUP_SPLIT_KEYS`` keys or more, else 1).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
