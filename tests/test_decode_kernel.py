@@ -370,17 +370,20 @@ def test_row_groups_name_what_fits():
         _plan_options(KVQuantConfig(method="affine", bits=4), 32768, row_groups=8)
 
 
-@pytest.mark.parametrize("bits, g, L, mask, num_splits, groups", [
-    ((4, 4), 4, 1, None, 1, 4), ((4, 4), 4, 1, "padded", 3, 4), ((2, 2), 4, 2, "causal", 1, 2),
-    ((3, 3), 1, 3, "bool", 3, 4), ((4, 3), 2, 1, "additive", 1, 4), ((2, 4), 8, 1, None, 3, 2),
-    ((8, 8), 4, 1, "bool", 1, 4),  # not a default, but a valid launch
+@pytest.mark.parametrize("method, bits, g, L, mask, num_splits, groups, extra", [
+    ("affine", (4, 4), 4, 1, None, 1, 4, {}), ("affine", (4, 4), 4, 1, "padded", 3, 4, {}),
+    ("affine", (2, 2), 4, 2, "causal", 1, 2, {}), ("affine", (3, 3), 1, 3, "bool", 3, 4, {}),
+    ("affine", (4, 3), 2, 1, "additive", 1, 4, {}), ("affine", (2, 4), 8, 1, None, 3, 2, {}),
+    # not defaults, but valid launches: 8-bit rows, turbo codes, a soft-cap
+    ("affine", (8, 8), 4, 1, "bool", 1, 4, {}), ("turbo", (3, 2), 4, 1, "padded", 3, 4, {}),
+    ("affine", (4, 4), 4, 1, None, 3, 4, {"softcap": 5.0}),
 ])
-def test_row_groups_match_the_oracle(bits, g, L, mask, num_splits, groups):
+def test_row_groups_match_the_oracle(method, bits, g, L, mask, num_splits, groups, extra):
     # one-warp tiles of 4 or 8 query rows repeat down the MMA's 16 rows, each group reading its own
     # part of every block; the groups merge after the loop. 201 keys: the last block's groups are
     # partly and wholly past the end
-    out, ref = _case("affine", *bits, B=2, hkv=2, g=g, L=L, S=201, D=64, mask=mask, seed=g + L, num_warps=1,
-                     block_n=64, num_splits=num_splits, row_groups=groups)
+    out, ref = _case(method, *bits, B=2, hkv=2, g=g, L=L, S=201, D=64, mask=mask, seed=g + L, num_warps=1,
+                     block_n=64, num_splits=num_splits, row_groups=groups, **extra)
     assert _rel(out, ref) < TOL
 
 
