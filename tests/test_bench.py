@@ -81,3 +81,25 @@ def test_decode_step_host_breakdown_smoke(tmp_path):
     assert set(rows) == {"bf16", "affine-4"} and float(rows["bf16"]["vs_bf16"]) == 1.0
     for r in rows.values():
         assert 0 < float(r["forward_ms"]) <= float(r["ms_per_step"]) * 1.5
+
+
+def test_prefill_attention_benchmark_smoke(tmp_path):
+    """``benchmarks/prefill_attention.py`` on the CPU: both shapes, a bf16 row and a quantized row per
+    shape, the quantized rows equal to attention over the dequantized cache."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "prefill_attention.py"
+    spec = importlib.util.spec_from_file_location("prefill_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--device", "cpu", "--prompts", "40", "--chunk", "8", "--methods", "affine", "--bits", "4",
+                       "--out", str(tmp_path), "--no-progress"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "prefill_attention.csv")))
+    assert [(r["shape"], r["setting"]) for r in rows] == [
+        ("whole prompt", "bf16 SDPA (dense)"), ("whole prompt", "turboquant affine 4-bit"),
+        ("last chunk", "bf16 SDPA (dense)"), ("last chunk", "turboquant affine 4-bit")]
+    for r in rows:
+        assert float(r["us"]) > 0
+        if r["setting"].startswith("turboquant"):
+            assert float(r["rel_err"]) < 1e-2  # bf16 output against float32 over the same codes
