@@ -279,11 +279,6 @@ def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_split
     assert _rel(no_ring, ref) > 10 * TOL  # the ring changed the answer: the test sees it
 
 
-def _plan_grid(k_cfg, S, L=1, B=2, capturing=False, **tuning):
-    """The split launch's grid of the plan a call of this shape would get."""
-    return _plan(k_cfg, S, L, B, capturing, **tuning).split.grid
-
-
 def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     """The split launch's options and tile of the plan a call of this shape would get."""
     from turboquant.templates import decode_attention as da
@@ -348,13 +343,11 @@ def test_one_warp_splits_fill_one_wave_at_any_length(S, B):
     # one-warp programs take the loop's bound as an argument: a cache just past a power of two still
     # splits into one wave's worth (a power-of-two split had made 32800 keys 17 splits on the H200,
     # a second wave; 132 µs against 85); four-warp programs keep power-of-two splits
-    from turboquant.templates import decode_attention as da
-
     hkv, wave = 8, 8 * 4  # the plan's programs_per_sm × the CPU's stand-in of 4 SMs
     for cfg, warps in ((KVQuantConfig(method="affine", bits=4), 1), (KVQuantConfig(method="turbo", bits=4), 4)):
         options, consts = _plan_options(cfg, S, B=B)
-        plan_grid = _plan_grid(cfg, S, B=B)
-        splits, blocks = plan_grid[1], consts["FIXED_BLOCKS"]  # the interpreter's constant is the split's blocks
+        splits = _plan(cfg, S, B=B).split.grid[1]
+        blocks = consts["FIXED_BLOCKS"]  # under the interpreter, the split's blocks as a constant
         assert options["num_warps"] == warps
         assert (splits - 1) * blocks * consts["BLOCK_N"] < S <= splits * blocks * consts["BLOCK_N"]
         if warps == 1:  # as many even splits as one wave holds
