@@ -890,7 +890,7 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     more: turbo 2-bit 269.6 → 316.8 at 32K). Sub-blocks stay at least 16 keys (an MMA's k-step)."""
     if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < ROW_GROUP_SPLIT_KEYS:
         return 1
-    return max(1, min(16 // rows, block_n // 16))
+    return min(16 // rows, block_n // 16)  # one-warp tiles: rows ≤ 16, block_n ≥ 16
 
 
 def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
@@ -1109,7 +1109,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or _interpreted(q) else 0)
     names = _decode_split_kernel.arg_names
-    tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides, *(consts[n] for n in names[names.index("HKV"):]))
+    tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
+            *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
     options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
