@@ -303,7 +303,7 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     shapes = [rows_last(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
     t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
-             min_tile_rows=None, maxnreg=None, row_groups=None) | tuning
+             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None) | tuning
     return da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
                          tuple(t.values()), capturing)
 
@@ -378,6 +378,25 @@ def test_row_groups_match_the_oracle(method, bits, g, L, mask, num_splits, group
     out, ref = _case(method, *bits, B=2, hkv=2, g=g, L=L, S=201, D=64, mask=mask, seed=g + L, num_warps=1,
                      block_n=64, num_splits=num_splits, row_groups=groups, **extra)
     assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("method, bits, L, mask, num_splits, groups", [
+    ("affine", (4, 4), 1, "padded", 3, 4), ("affine", (8, 8), 1, "bool", 4, 1), ("affine", (3, 2), 2, "causal", 2, 1),
+    ("turbo", (3, 2), 1, None, 3, 1), ("affine", (2, 4), 1, "additive", 1, 2),
+])
+def test_rotated_walks_match_the_oracle(method, bits, L, mask, num_splits, groups):
+    # each one-warp program starts its split at its own block and wraps around (rotate_blocks); 201
+    # keys leave the last split's blocks partly and wholly past the end, wherever the walk meets them
+    out, ref = _case(method, *bits, B=2, hkv=2, g=4, L=L, S=201, D=64, mask=mask, seed=7, num_warps=1,
+                     block_n=16 * groups, num_splits=num_splits, row_groups=groups, rotate_blocks=True)
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("method, bits, warps", [("affine", 8, 1), ("affine", 4, 1), ("turbo", 2, 1), ("turbo", 4, 4)])
+def test_one_warp_programs_rotate_their_walk(method, bits, warps):
+    options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), 32768)
+    assert options["num_warps"] == warps and consts["ROTATE"] == (warps == 1)
+    assert not _plan_options(KVQuantConfig(method=method, bits=bits), 32768, rotate_blocks=False)[1]["ROTATE"]
 
 
 @pytest.mark.parametrize("g, L, S, mask, groups", [(4, 1, 1, None, 4), (4, 1, 10, None, 4), (1, 5, 77, "causal", 2)])

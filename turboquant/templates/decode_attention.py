@@ -390,6 +390,7 @@ def _decode_split_kernel(
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -460,21 +461,33 @@ def _decode_split_kernel(
     vc_base = vc_ptr + b * stride_vcb + h * stride_vch
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
     kpos = _key_positions(start, grp, BLOCK_N, NG)
-    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + tl.arange(0, BLOCK_N), S, stride_kms,
-                                                   stride_vms, K_TURBO, V_TURBO)
+    # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
+    # not care about order). Without it every program of a wave reads at the same offset of its
+    # split, and at power-of-two lengths those are multiples of one large power of two apart
+    first = 0
+    if ROTATE:
+        first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
+    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + first * BLOCK_N + tl.arange(0, BLOCK_N),
+                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO)
     # blocks per split: an argument for one-warp programs, a constant for four-warp ones and under
     # the interpreter (_make_plan); named inside range(), since the interpreter turns a constant
     # assigned to a variable into an array as well
     for i in range(FIXED_BLOCKS if FIXED_BLOCKS > 0 else split_blocks):
-        blk = start + i * BLOCK_N
-        n = kpos + i * BLOCK_N
+        j = i
+        j_next = i + 1
+        if ROTATE:
+            j = i + first
+            j = tl.where(j >= split_blocks, j - split_blocks, j)
+            j_next = tl.where(j + 1 >= split_blocks, 0, j + 1)
+        blk = start + j * BLOCK_N
+        n = kpos + j * BLOCK_N
         n64 = n.to(tl.int64)
         # the next block's metadata is loaded a block ahead (the codes go through the pipeliner's
         # shared-memory stages, these small loads do not): loaded in the block that reads them, each
         # waited the full memory latency, 24% of affine 4-bit's and 48% of 8-bit's issue cycles at 32K
         # (ncu long-scoreboard stalls, H200, one-warp programs)
-        next_meta = _block_meta(km_base, vm_base, blk + BLOCK_N + tl.arange(0, BLOCK_N), S, stride_kms, stride_vms,
-                                K_TURBO, V_TURBO)
+        next_meta = _block_meta(km_base, vm_base, start + j_next * BLOCK_N + tl.arange(0, BLOCK_N), S, stride_kms,
+                                stride_vms, K_TURBO, V_TURBO)
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
@@ -1027,7 +1040,8 @@ class _Plan:
 
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
-    block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups = tuning
+    (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
+     rotate_blocks) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1104,7 +1118,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
-        SKIP_RESCALE=one_warp, NG=row_groups,
+        SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or _interpreted(q) else 0)
@@ -1128,7 +1142,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
-                     row_groups: Optional[int] = None) -> torch.Tensor:
+                     row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1145,7 +1159,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
-    tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups)
+    tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
+              rotate_blocks)
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
