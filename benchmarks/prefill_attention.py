@@ -15,7 +15,8 @@ Two shapes per prompt length P:
 
 turboquant is ``scaled_dot_product_attention(q, k_cache, v_cache)`` on ``QuantizedCacheTensor``
 caches, i.e. ``turboquant::attention``: query lengths past the decode kernel's 8 decode the cache
-and call SDPA (no prefill kernel yet). Times: CUDA-graph medians (``triton.testing``) on a GPU, wall
+(on a GPU one Triton kernel per tensor, ``turboquant/templates/dequantize.py``, which also writes the
+GQA expansion a mask needs) and call SDPA. Times: CUDA-graph medians (``triton.testing``) on a GPU, wall
 medians on the CPU. Writes ``prefill_attention.csv``.
 """
 

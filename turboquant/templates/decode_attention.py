@@ -462,8 +462,10 @@ def _decode_split_kernel(
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
     kpos = _key_positions(start, grp, BLOCK_N, NG)
     # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
-    # not care about order). Without it every program of a wave reads at the same offset of its
-    # split, and at power-of-two lengths those are multiples of one large power of two apart
+    # not care about order), so the programs of a wave do not all read at the same offset of their
+    # splits (at power-of-two lengths, multiples of 256 KB apart). H200, 32K, CUDA graph µs: turbo
+    # 3-bit 319.2 → 308.3, 2-bit 283.2 → 276.1, affine 8-bit 136.6 → 134.8; affine 4/3/2-bit within
+    # ±1.5% of either sign (benchmarks/RESULTS.md, fourteenth session)
     first = 0
     if ROTATE:
         first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
@@ -1154,6 +1156,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
     slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
     default 4 or 2 for affine 2/3/4-bit on splits of ``ROW_GROUP_SPLIT_KEYS`` keys or more, else 1).
+    ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
+    default for one-warp programs).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
