@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 from typing import Optional
 
 import torch
@@ -44,6 +43,7 @@ from ..config import TensorQuantSpec
 from ..quant.constants import as_constant
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
+from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
 
 __all__ = ["decode_attention", "supports"]
 
@@ -943,14 +943,9 @@ def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.
     return rotation_matrix(d, spec.seed, device=q.device, dtype=torch.float32)
 
 
-def _interpreted(q: torch.Tensor) -> bool:
-    """Whether the kernels run under Triton's interpreter (CPU tensors, or ``TRITON_INTERPRET=1``)."""
-    return not q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _use_asm(q: torch.Tensor) -> bool:
     """PTX byte permutes on a real GPU; the same arithmetic in plain Triton under the interpreter."""
-    return not _interpreted(q)
+    return not interpreted(q)
 
 
 def _centroids_fp16(d: int, bits: int) -> torch.Tensor:
@@ -987,18 +982,6 @@ def _pow2(n: int) -> int:  # n >= 1
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _meta_dtype(meta: torch.Tensor, spec: TensorQuantSpec) -> torch.dtype:
-    """What the kernel reads the metadata as: affine rows keep (scale, zero) as one integer word
-    whose bytes are the pair (:func:`turboquant.quant.affine.metadata_word`)."""
-    return meta.dtype if meta.is_floating_point() else spec.metadata_dtype
-
-
-def _strides(t: torch.Tensor, elem: torch.dtype, n: int = 3) -> tuple:
-    """``t``'s first ``n`` strides in units of ``elem`` (the type the kernel reinterprets it as)."""
-    return tuple(x * t.element_size() // elem.itemsize for x in t.stride()[:n])
-
-
-_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _PLANS: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
 _MAX_PLANS = 256  # one per call shape; a generation uses a handful
 
@@ -1100,7 +1083,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          f"block_n")
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
-    k_meta_t, v_meta_t = _meta_dtype(k_meta, k_spec), _meta_dtype(v_meta, v_spec)
+    k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
     k_word = torch.uint8 if k_spec.bits == 3 else torch.int16
     v_word = torch.uint8 if v_spec.bits == 3 else torch.int16
     final = n_parts == 1  # one split normalises in place
@@ -1110,20 +1093,21 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     plan.ws_numel = 0 if final else B * HQ * L * n_parts * (VP * VPW + 2)
     plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q), _rotation(v_spec, D, q))
     mask_strides = (0, 0, 0, 0) if attn_mask is None else attn_mask.expand(B, HQ, L, S).stride()
-    strides = (*q.stride()[:3], *_strides(k_codes, k_word), *_strides(k_meta, k_meta_t), *_strides(v_codes, v_word),
-               *_strides(v_meta, v_meta_t), *mask_strides)
+    strides = (*q.stride()[:3], *strides_as(k_codes, k_word), *strides_as(k_meta, k_meta_t),
+               *strides_as(v_codes, v_word), *strides_as(v_meta, v_meta_t), *mask_strides)
     consts = dict(
         HKV=HKV, G=G, L=L, M=M * row_groups, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
         USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
-        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=_TL[k_meta_t], V_META=_TL[v_meta_t],
+        IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=TL_DTYPES[k_meta_t],
+        V_META=TL_DTYPES[v_meta_t],
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
-        FIXED_BLOCKS=split_blocks if fixed_blocks or _interpreted(q) else 0)
+        FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0)
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))

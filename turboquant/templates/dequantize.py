@@ -24,12 +24,13 @@ import triton.language as tl
 from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
+from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
 
 __all__ = ["dequantize_rows", "supports"]
 
-# rows per program and warps per program, by method
+# rows and warps per program, by method (a sweep of 16–128 rows and 4 or 8 warps on the H200's
+# prefill benchmark, benchmarks/RESULTS.md: turbo reads R per program, so more rows share it)
 TILES = {"affine": (16, 4), "turbo": (64, 4)}
-_TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -40,8 +41,8 @@ def _dequantize_rows_kernel(
     stride_mb, stride_mh, stride_ms,
     stride_ob, stride_oh, stride_os,
     H: tl.constexpr, COPIES: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BITS: tl.constexpr,
-    NBYTES: tl.constexpr, TURBO: tl.constexpr, HADAMARD: tl.constexpr, GROUP: tl.constexpr, META: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    NBYTES: tl.constexpr, TURBO: tl.constexpr, HADAMARD: tl.constexpr, GROUP: tl.constexpr, META: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     tl.static_assert(DP >= D)
     tl.static_assert(BITS == 2 or BITS == 3 or BITS == 4 or BITS == 8)
@@ -107,13 +108,6 @@ def supports(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, hea
     return None
 
 
-def _meta_layout(meta: torch.Tensor, spec: TensorQuantSpec) -> tuple:
-    """What the kernel reads the metadata as, and its strides in those units: an affine row's
-    integer word holds the (scale, zero) pair's bytes (:func:`turboquant.quant.affine.metadata_word`)."""
-    elem = meta.dtype if meta.is_floating_point() else spec.metadata_dtype
-    return elem, tuple(s * meta.element_size() // elem.itemsize for s in meta.stride()[:3])
-
-
 def dequantize_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
                     dtype: torch.dtype, copies: int = 1) -> torch.Tensor:
     """Dense ``[B, H · copies, S, head_dim]`` in ``dtype`` from packed ``codes [B, H, S, P]`` and
@@ -123,8 +117,8 @@ def dequantize_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSp
     why = supports(codes, meta, spec, head_dim)
     if why is not None:
         raise NotImplementedError(f"dequantize_rows: {why}")
-    if dtype not in _TL:
-        raise ValueError(f"dtype={dtype} is not supported; allowed: {', '.join(map(str, _TL))}")
+    if dtype not in TL_DTYPES:
+        raise ValueError(f"dtype={dtype} is not supported; allowed: {', '.join(map(str, TL_DTYPES))}")
     B, H, S, nbytes = codes.shape
     out = torch.empty(B, H * copies, S, head_dim, device=codes.device, dtype=dtype)
     if out.numel() == 0:
@@ -136,13 +130,12 @@ def dequantize_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSp
         lut = turbo_centroids(head_dim, spec.bits, device=codes.device, dtype=torch.float32)
         rot = (hadamard_rotation(head_dim, spec.seed, device=codes.device, dtype=torch.float16) if hadamard
                else rotation_matrix(head_dim, spec.seed, device=codes.device, dtype=torch.float32))
-    meta_t, meta_strides = _meta_layout(meta, spec)
+    meta_t = meta_dtype(meta, spec)
     block_r, num_warps = TILES[spec.method]
-    interpreted = not codes.is_cuda
     _dequantize_rows_kernel[(triton.cdiv(S, block_r), B * H)](
-        codes, meta, lut, rot, out, S, *codes.stride()[:3], *meta_strides, *out.stride()[:3],
+        codes, meta, lut, rot, out, S, *codes.stride()[:3], *strides_as(meta, meta_t), *out.stride()[:3],
         H=H, COPIES=copies, D=head_dim, DP=max(16, triton.next_power_of_2(head_dim)), BITS=spec.bits,
-        NBYTES=nbytes, TURBO=turbo, HADAMARD=hadamard, GROUP=head_dim if turbo else spec.resolved_group_size(head_dim),
-        META=_TL[meta_t], PRECISION="ieee" if interpreted else "tf32x3", BLOCK_R=block_r,
-        num_warps=num_warps)
+        NBYTES=nbytes, TURBO=turbo, HADAMARD=hadamard,
+        GROUP=head_dim if turbo else spec.resolved_group_size(head_dim), META=TL_DTYPES[meta_t],
+        PRECISION="ieee" if interpreted(codes) else "tf32x3", BLOCK_R=block_r, num_warps=num_warps)
     return out
