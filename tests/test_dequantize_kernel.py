@@ -85,3 +85,45 @@ def test_unsupported_buffers_are_named():
 def test_full_size_rows_on_the_gpu(method, bits, dtype):
     codes, meta, spec = _buffers(method, bits, (2, 8, 4097, 128), seed=bits)
     _check(codes, meta, spec, 128, dtype, 4)
+
+
+@pytest.mark.parametrize("case", ["mask", "ring", "k_frame", "softcap"])
+def test_the_prefill_path_decodes_with_the_kernel_as_with_torch(case, monkeypatch):
+    # the op's prefill path (query past 8 positions) with the kernel decoding (as on a GPU; here under
+    # the interpreter) against the torch decode: a mask, a ring overlaid on the heads as stored, a
+    # frame undone after the decode, the soft-cap's GQA copies written by the kernel (with a ring,
+    # expanded after the overlay)
+    from turboquant import ops
+
+    B, hkv, g, L, S, D = 2, 2, 4, 11, 29, 64
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(B, hkv * g, L, D, generator=gen)
+    (kc, km, ks), (vc, vm, vs) = (_buffers("turbo", 3, (B, hkv, S, D), seed=s)[:3] for s in (1, 2))
+    kw = dict(attn_mask=None, is_causal=True, softcap=0.0)
+    if case == "mask":
+        kw.update(attn_mask=torch.rand(B, 1, L, S, generator=gen) > 0.3, is_causal=False)
+    elif case == "ring":
+        kw.update(k_ring=torch.randn(B, hkv, 4, D, generator=gen), v_ring=torch.randn(B, hkv, 4, D, generator=gen),
+                  k_ring_pos=torch.tensor([24, 25, 26, 27]), v_ring_pos=torch.tensor([24, 25, 26, 27]),
+                  attn_mask=torch.ones(B, 1, L, S, dtype=torch.bool), is_causal=False, softcap=20.0)
+    elif case == "k_frame":
+        kw.update(k_frame=torch.stack([torch.randn(hkv, 1, D, generator=gen)[:, 0],
+                                       torch.rand(hkv, 1, D, generator=gen)[:, 0] + 0.5], 1))
+    else:
+        kw.update(softcap=20.0)
+    args = (q, kc, km, vc, vm, kw.pop("attn_mask"), kw.pop("is_causal"), D ** -0.5, ops.spec_args(ks),
+            ops.spec_args(vs), D, D, kw.pop("softcap"))
+    want = ops._attention_decoded(*args, **kw)
+    calls = []
+    from turboquant.templates import dequantize
+
+    def counted(*a, **k):
+        calls.append(a[-1] if len(a) > 5 else k.get("copies", 1))
+        return dequantize_rows(*a, **k)
+
+    monkeypatch.setattr(ops, "_kernel_decodes", lambda codes: True)
+    monkeypatch.setattr(dequantize, "dequantize_rows", counted)
+    got = ops._attention_decoded(*args, **kw)
+    # copies for the soft-cap's plain matmuls (a mask expands only on CUDA, where SDPA needs it)
+    assert calls == [g if case == "softcap" else 1] * 2  # a ring's heads expand after its overlay
+    assert float((got - want).norm() / want.norm()) < 1e-5

@@ -74,6 +74,11 @@ def overlay_ring(dense: torch.Tensor, ring: torch.Tensor, ring_pos: torch.Tensor
     return torch.where(held[:, None], from_ring, dense)
 
 
+def _kernel_decodes(codes: torch.Tensor) -> bool:
+    """Whether :func:`dense_rows` decodes with the Triton kernel: real tensors on a GPU."""
+    return codes.is_cuda and not compat.tracing_with_fake_tensors()
+
+
 def dense_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int, dtype: torch.dtype,
                frame: Optional[torch.Tensor] = None, copies: int = 1) -> torch.Tensor:
     """Dense ``[..., H · copies, S, head_dim]`` rows of a cache's buffers (:func:`decode_buffers`),
@@ -83,7 +88,7 @@ def dense_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, h
     element-wise kernels, 437 µs against bf16 flash SDPA's 282 for a 4K prompt (H200)."""
     work = dtype if frame is None else torch.float32
     x = None
-    if codes.is_cuda and not compat.tracing_with_fake_tensors():
+    if _kernel_decodes(codes):
         from .templates import dequantize  # Triton: imported only where a GPU runs
 
         if dequantize.supports(codes, meta, spec, head_dim) is None:
