@@ -28,6 +28,28 @@ def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
     assert rows["affine-4"]["batch"] == "2" and rows["affine-4"]["context"] == "24"
 
 
+def test_tq_bench_with_a_dynamic_cache(tmp_path, capsys):
+    # issue 5: DynamicCache generation is reported too (on the CPU: the cache grows by concatenation)
+    out = tmp_path / "bench"
+    assert main(["bench", "--tiny", "--device", "cpu", "--shapes", "1x20", "--new-tokens", "3", "--cache", "dynamic",
+                 "--settings", "bf16", "affine-4", "--out", str(out), "--no-progress"]) == 0
+    assert "3 new tokens, dynamic cache" in capsys.readouterr().out
+    rows = {r["setting"]: r for r in csv.DictReader(open(out / "e2e_generate.csv"))}
+    assert {r["cache"] for r in rows.values()} == {"dynamic"}
+    # the grown cache holds the prompt and the tokens fed back (20 + 3 - 1 positions): 2 layers × K, V ×
+    # 2 heads × 22 rows × (16 bytes of 4-bit codes + a 4-byte (scale, zero) word)
+    assert int(rows["affine-4"]["cache_bytes"]) == 2 * 2 * 2 * 22 * 20
+    assert float(rows["affine-4"]["cache_ratio"]) == pytest.approx(20 / 128)
+    assert float(rows["affine-4"]["decode_tok_s"]) > 0
+
+
+def test_tq_bench_names_a_bad_cache():
+    with pytest.raises(ValueError, match=r"cache='paged' is not supported; allowed: static, dynamic"):
+        from turboquant.bench.e2e import run_bench
+
+        run_bench(shapes=[(1, 8)], settings=["bf16"], tiny=True, device="cpu", cache="paged")
+
+
 def test_tq_bench_names_a_bad_shape():
     with pytest.raises(SystemExit, match="BATCHxCONTEXT"):
         main(["bench", "--tiny", "--device", "cpu", "--shapes", "8by32768", "--out", ""])

@@ -2,8 +2,8 @@
 
 For each prompt length × batch × setting: a Llama-architecture model (random weights; ~1B
 parameters by default: 16 layers, 32 query / 8 KV heads, head_dim 128) generates greedily
-with transformers' static cache, compiled (``torch.compile`` for the bf16 baseline,
-``turboquant.compile`` for quantized settings). Reported per row:
+with transformers' static cache (``--cache dynamic``: its DynamicCache), compiled
+(``torch.compile`` for the bf16 baseline, ``turboquant.compile`` for quantized settings). Reported per row:
 
 * ``ttft_ms``: a generate of one token (prefill + first token);
 * ``decode_tok_s``: ``batch × (n - 1) / (t(n) - t(1))`` — decode steps only;
@@ -37,7 +37,8 @@ E2E_ARCH = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, 
 TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=4096)
 DEFAULT_SETTINGS = ("bf16", "affine-8", "affine-4", "affine-3", "turbo-8", "turbo-4", "turbo-3")
-COLUMNS = ["setting", "context", "batch", "ttft_ms", "decode_tok_s", "speedup", "peak_gib", "cache_bytes",
+CACHES = ("static", "dynamic")
+COLUMNS = ["setting", "cache", "context", "batch", "ttft_ms", "decode_tok_s", "speedup", "peak_gib", "cache_bytes",
            "cache_ratio", "budget_tokens", "budget_vs_bf16"]
 
 
@@ -67,10 +68,13 @@ def _prepared(base, setting: str, mode: Optional[str]):
 def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8),
               settings: Sequence[str] = DEFAULT_SETTINGS, new_tokens: int = 128, budget_gib: float = 40.0,
               device: str = "auto", tiny: bool = False, mode: Optional[str] = None, progress: bool = True,
-              seed: int = 0, shapes: Optional[Sequence[tuple]] = None) -> List[dict]:
-    """``shapes``: ``(batch, context)`` pairs to run instead of every batch × context."""
+              seed: int = 0, shapes: Optional[Sequence[tuple]] = None, cache: str = "static") -> List[dict]:
+    """``shapes``: ``(batch, context)`` pairs to run instead of every batch × context. ``cache``:
+    transformers' ``"static"`` cache or its ``"dynamic"`` one (grown by concatenation)."""
     from ..demo import timed_generate
 
+    if cache not in CACHES:
+        raise ValueError(f"cache={cache!r} is not supported; allowed: {', '.join(CACHES)}")
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     shapes = list(shapes) if shapes else [(b, c) for c in contexts for b in batches]
@@ -94,10 +98,11 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
             if bar is not None:
                 bar.set_description(f"tq bench {setting} {batch}x{context}")
             model = _prepared(base, setting, mode)
-            kw = dict(cache_implementation="static")
+            kw = dict(cache_implementation="static") if cache == "static" else {}
             # generate keeps its static cache while a later call fits in it: the long call
             # first compiles the prefill and decode graphs that both timed lengths then run
-            # (each prefill of 8 x 32K costs seconds: no more warm-up than that)
+            # (each prefill of 8 x 32K costs seconds: no more warm-up than that); a dynamic
+            # cache's graphs are compiled by the same call, for every length it reaches
             timed_generate(model, ids, new_tokens, **kw)
             if mode == "reduce-overhead":  # CUDA-graph trees run a step eagerly, then record, then replay
                 timed_generate(model, ids, new_tokens, **kw)
@@ -105,12 +110,12 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
             _, _, t1 = timed_generate(model, ids, 1, **kw)
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-            _, cache, tn = timed_generate(model, ids, new_tokens, **kw)
+            _, held_cache, tn = timed_generate(model, ids, new_tokens, **kw)
             peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-            nb = cache_nbytes(cache, with_dense=True)
+            nb = cache_nbytes(held_cache, with_dense=True)
             held, dense = nb["quantized"], nb["dense"]
             per_token = held / (batch * (context + new_tokens))
-            row = {"setting": setting, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
+            row = {"setting": setting, "cache": cache, "context": context, "batch": batch, "ttft_ms": 1e3 * t1,
                    "decode_tok_s": batch * (new_tokens - 1) / max(tn - t1, 1e-9), "peak_gib": peak,
                    "cache_bytes": held, "cache_ratio": held / dense,
                    "budget_tokens": int(budget_gib * 2**30 / per_token)}
@@ -124,7 +129,7 @@ def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[i
             print(f"tq bench row: {setting} context {context} batch {batch}: ttft {row['ttft_ms']:.2f} ms, "
                   f"decode {row['decode_tok_s']:.1f} tok/s (x{row['speedup']:.3f}), cache {held:,} B "
                   f"({row['cache_ratio']:.4f}), peak {peak:.2f} GiB", file=sys.stderr, flush=True)
-            del model, cache
+            del model, held_cache
             if bar is not None:
                 bar.update(1)
     if bar is not None:
@@ -177,6 +182,8 @@ def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
     p.add_argument("--device", default="auto")
     p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune"],
                    help="torch.compile mode for every setting (reduce-overhead: CUDA graphs)")
+    p.add_argument("--cache", default="static", choices=list(CACHES),
+                   help="transformers' cache: static (preallocated) or dynamic (grown by concatenation)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer model (CPU smoke run)")
     p.add_argument("--out", default=out_default, help="folder for e2e_generate.csv and the PNGs ('' for none)")
     p.add_argument("--no-progress", action="store_true")
@@ -197,9 +204,9 @@ def run_from_args(args) -> int:
     shapes = [_shape(s) for s in args.shapes] if args.shapes else None
     rows = run_bench(args.contexts, args.batches, args.settings, args.new_tokens, args.budget_gib, args.device,
                      args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress,
-                     shapes=shapes)
+                     shapes=shapes, cache=args.cache)
     env = environment()
-    print(f"End-to-end greedy generation, {args.new_tokens} new tokens, static cache, compiled "
+    print(f"End-to-end greedy generation, {args.new_tokens} new tokens, {args.cache} cache, compiled "
           f"({'tiny' if args.tiny else '~1B'} Llama, random weights; {env.get('device', '')}); speedup and "
           f"budget_vs_bf16 against bf16 in the same run; budget {args.budget_gib:g} GiB.")
     print(format_table(rows, COLUMNS))
