@@ -53,7 +53,7 @@ from torch.utils._pytree import tree_map
 from .compat import schedules_with_triton
 from .config import TensorQuantSpec
 from .calibration import frame_query, frame_rows, frame_rows_allowed, per_kv_head, unframe_rows
-from .ops import dense_rows, overlay_ring, spec_args
+from .ops import dense_rows, spec_args
 from .quant.affine import affine_quantize_packed, metadata_word, metadata_word_dtype
 from .quant.turbo import turbo_quantize_packed
 from .quant.packed import encode, metadata_shape
@@ -203,11 +203,8 @@ class QuantizedCacheTensor(torch.Tensor):
 
     def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         dtype = dtype or self.dtype
-        if self.ring is None:
-            return dense_rows(self.codes, self.meta, self.spec, self.head_dim, dtype, self.frame, self.head_repeat)
-        dense = overlay_ring(dense_rows(self.codes, self.meta, self.spec, self.head_dim, dtype, self.frame),
-                             self.ring, self.ring_pos)
-        return dense if self.head_repeat == 1 else dense.repeat_interleave(self.head_repeat, dim=-3)
+        return dense_rows(self.codes, self.meta, self.spec, self.head_dim, dtype, self.frame, self.ring, self.ring_pos,
+                          self.head_repeat)
 
     # -- dispatch ------------------------------------------------------------------------
     @classmethod

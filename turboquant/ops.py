@@ -80,25 +80,27 @@ def _kernel_decodes(codes: torch.Tensor) -> bool:
 
 
 def dense_rows(codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int, dtype: torch.dtype,
-               frame: Optional[torch.Tensor] = None, copies: int = 1) -> torch.Tensor:
+               frame: Optional[torch.Tensor] = None, ring: Optional[torch.Tensor] = None,
+               ring_pos: Optional[torch.Tensor] = None, copies: int = 1) -> torch.Tensor:
     """Dense ``[..., H · copies, S, head_dim]`` rows of a cache's buffers (:func:`decode_buffers`),
-    back in the model's frame when the layer has one, each KV head repeated ``copies`` times (GQA
-    expansion). On a GPU, outside tracing, one Triton kernel decodes and expands
+    back in the model's frame when the layer has one, a residual window's ring laid over them
+    (:func:`overlay_ring`), each KV head repeated ``copies`` times (GQA expansion). On a GPU, outside
+    tracing, one Triton kernel decodes, and expands where nothing comes between
     (:mod:`turboquant.templates.dequantize`): with torch ops a prefill's decode was a dozen
     element-wise kernels, 437 µs against bf16 flash SDPA's 282 for a 4K prompt (H200)."""
-    work = dtype if frame is None else torch.float32
-    x = None
+    decode = decode_buffers
     if _kernel_decodes(codes):
         from .templates import dequantize  # Triton: imported only where a GPU runs
 
         if dequantize.supports(codes, meta, spec, head_dim) is None:
-            x = dequantize.dequantize_rows(codes, meta, spec, head_dim, work, copies if frame is None else 1)
-            if frame is None:
-                return x
-    if x is None:
-        x = decode_buffers(codes, meta, spec, head_dim, work)
+            if frame is None and ring is None:
+                return dequantize.dequantize_rows(codes, meta, spec, head_dim, dtype, copies)
+            decode = dequantize.dequantize_rows
+    x = decode(codes, meta, spec, head_dim, dtype if frame is None else torch.float32)
     if frame is not None:
         x = unframe_rows(x, frame).to(dtype)
+    if ring is not None:
+        x = overlay_ring(x, ring, ring_pos)
     return x if copies == 1 else x.repeat_interleave(copies, dim=-3)
 
 
@@ -112,18 +114,10 @@ def _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal
     g = q.shape[1] // k_codes.shape[1]
     # expanded K/V where grouped heads cannot be used: the soft-cap path is plain matmuls, and
     # enable_gqa with a mask has only SDPA's math backend on CUDA, which builds the [B, Hq, L, S]
-    # scores (1 TiB for a batch-8 32K prefill); expanded K/V take the memory-efficient kernel. The
-    # decode writes the copies itself, unless a ring's rows go over the heads as stored first
+    # scores (1 TiB for a batch-8 32K prefill); expanded K/V take the memory-efficient kernel
     expand = g if g > 1 and (softcap > 0 or (q.is_cuda and attn_mask is not None)) else 1
-    rings = k_ring is not None or v_ring is not None
-    k = dense_rows(k_codes, k_meta, _spec_from_args(k_spec), head_dim, work, k_frame, 1 if rings else expand)
-    v = dense_rows(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, work, v_frame, 1 if rings else expand)
-    if k_ring is not None:
-        k = overlay_ring(k, k_ring, k_ring_pos)
-    if v_ring is not None:
-        v = overlay_ring(v, v_ring, v_ring_pos)
-    if rings and expand > 1:
-        k, v = k.repeat_interleave(expand, 1), v.repeat_interleave(expand, 1)
+    k = dense_rows(k_codes, k_meta, _spec_from_args(k_spec), head_dim, work, k_frame, k_ring, k_ring_pos, expand)
+    v = dense_rows(v_codes, v_meta, _spec_from_args(v_spec), v_head_dim, work, v_frame, v_ring, v_ring_pos, expand)
     mask = attn_mask if attn_mask is None or attn_mask.dtype == torch.bool else attn_mask.to(work)
     qw = q.to(work)
     if softcap > 0:
