@@ -28,12 +28,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import turboquant  # noqa: E402
 import turboquant.templates.decode_attention as kernel  # noqa: E402
 from turboquant.bench.e2e import E2E_ARCH, TINY_ARCH, build_model  # noqa: E402
-from turboquant.compat import wrap_aot_subclass_unwrap  # noqa: E402
+from turboquant.compat import dynamo_counters, wrap_aot_subclass_unwrap  # noqa: E402
 from turboquant.demo import compiled_baseline, timed_generate  # noqa: E402
 from turboquant.eval.configs import parse_config  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 
-COLUMNS = ["setting", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms"]
+COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms"]
 
 
 def _timer(acc, name):
@@ -60,7 +60,7 @@ def _per_step(prefill: dict, whole: dict, steps: int) -> dict:
     return row
 
 
-def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3):
+def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None):
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     launcher = kernel.decode_attention
@@ -79,9 +79,9 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3):
             for setting in settings:
                 t0 = time.perf_counter()
                 if setting == "bf16":
-                    model = compiled_baseline(base)
+                    model = compiled_baseline(base, mode=mode)
                 else:
-                    model = turboquant.compile(copy.deepcopy(base), **parse_config(setting).kwargs)
+                    model = turboquant.compile(copy.deepcopy(base), mode=mode, **parse_config(setting).kwargs)
                 model.forward = _timer(acc, "forward")(model.forward)
                 for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the timed calls use
                     timed_generate(model, ids, n, **kw)
@@ -106,12 +106,14 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3):
                             least[run][name] = min(least[run].get(name, t), t)
                     print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in
                                                       _per_step(prefill, whole, steps).items()), flush=True)
+        skips = dynamo_counters()["inductor"]["cudagraph_skips"]
+        print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:
         restore()
         kernel.decode_attention = launcher
         models.clear()
         torch._dynamo.reset()
-    rows = [{"setting": setting, "context": context, **_per_step(least["prefill"], least["whole"], steps)}
+    rows = [{"setting": setting, "mode": mode or "default", "context": context, **_per_step(least["prefill"], least["whole"], steps)}
             for setting, least in best.items()]
     base_ms = next((r["ms_per_step"] for r in rows if r["setting"] == "bf16"), None)
     for r in rows:
@@ -125,6 +127,8 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=33)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode of every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each time's least counts)")
     p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -132,7 +136,7 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
         return 2
-    rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats)
+    rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_step_host.csv'), COLUMNS)}")
     return 0

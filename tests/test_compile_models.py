@@ -353,6 +353,68 @@ def test_meta_llama_reference_layout():
     assert dynamo_counters()["turboquant"]["eager_attention_rewrites"] >= 2
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_static_cache_graphs_take_plain_buffers_not_the_subclass(cache, monkeypatch):
+    """A static layer holds plain buffers and its graphs build the quantized cache themselves: no
+    graph input is a QuantizedCacheTensor, so AOTAutograd has nothing to unwrap on each call (a
+    growing cache, reassigned by ``cat``, keeps the subclass as its input)."""
+    import turboquant.tq_compile as tq
+    from turboquant.integrations.transformers import holds_buffers
+
+    seen = []
+    original = tq.inductor_compile
+
+    def recording(gm, example_inputs, **kw):
+        seen.append([type(t) for t in example_inputs])
+        return original(gm, example_inputs, **kw)
+
+    monkeypatch.setattr(tq, "inductor_compile", recording)
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    ref = _generate(base, ids, **kw)
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    assert torch.equal(_generate(model, ids, **kw), ref)
+    subclass_inputs = [sum(t is QuantizedCacheTensor for t in types) for types in seen]
+    assert len(seen) >= 2 and (max(subclass_inputs) == 0) == (cache == "static"), subclass_inputs
+    rows = turboquant.report(model)
+    assert len(rows) == 2 and all(r.status == "quantized" for r in rows)
+    if cache == "static":
+        with torch.no_grad():
+            past = model.generate(ids, max_new_tokens=2, do_sample=False, return_dict_in_generate=True,
+                                  **kw).past_key_values
+        assert all(holds_buffers(layer) and isinstance(layer.keys, QuantizedCacheTensor) for layer in past.layers)
+        nbytes = turboquant.cache_nbytes(past)
+        assert 0 < nbytes["quantized"] < nbytes["dense"]
+        # a second model of another head_dim through the same code: Dynamo had made the held
+        # head_dim a symbol (it differs between compiles), which broke the cache's views
+        other = tiny_hf_model("llama", head_dim=16)
+        ref = _generate(other, ids, **kw)
+        assert torch.equal(_generate(turboquant.compile(copy.deepcopy(other), bits=8), ids, **kw), ref)
+
+
+def test_held_layers_of_models_with_other_bits_compile_through_the_same_code():
+    """Models of 4, 3 and 2 bits generate one after another through transformers' one forward, each
+    matching its eager quantized path: Dynamo had made the held spec's ``bits`` a symbol once it
+    differed between two compiles of the same code (H200 benchmark, "bits=s45"), and the cache's
+    views then failed in the next compile."""
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
+    for bits in (4, 3, 2):
+        cfg = turboquant.KVQuantConfig(bits=bits)
+        cache = transformers.StaticCache(config=base.config, max_cache_len=24)
+        turboquant.integrations.transformers.quantize_cache(cache, lambda i: cfg)
+        with torch.no_grad():
+            want = base(ids, **_cache(base, cache)).logits
+        model = turboquant.compile(copy.deepcopy(base), bits=bits)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static",
+                                 return_dict_in_generate=True, output_logits=True)
+        assert all(layer.keys.spec.bits == bits for layer in out.past_key_values.layers)
+        got = out.logits[0]
+        assert float((got - want[:, -1]).norm() / want[:, -1].norm()) < 1e-5, bits
+
+
 def test_report_table_has_bits_status_and_bytes():
     torch.manual_seed(0)
     model = turboquant.compile(GptFast(), bits=4, method="turbo")

@@ -79,7 +79,7 @@ _PASSTHROUGH_VIEWS = {aten.alias.default, aten.detach.default}
 
 
 @functools.lru_cache(maxsize=None)
-def _numerics_digest() -> str:
+def numerics_digest() -> str:
     """Hash of the source that compiled cache graphs trace through (this module, calibration's
     framing and quant/)."""
     import hashlib
@@ -110,7 +110,7 @@ class QuantizedCacheTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, codes: torch.Tensor, meta: torch.Tensor, spec: TensorQuantSpec, head_dim: int,
                 dtype: torch.dtype, outer_size=None, outer_stride=None, ring=None, ring_pos=None, head_repeat=1,
-                frame=None):
+                frame=None, numerics=None):
         if outer_size is None and head_repeat > 1:  # [..., H·g, S, D], as the copy repeat_kv would make
             outer_size = (*codes.shape[:-3], codes.shape[-3] * head_repeat, codes.shape[-2], head_dim)
             outer_stride = _contiguous_strides(outer_size)
@@ -124,7 +124,10 @@ class QuantizedCacheTensor(torch.Tensor):
                                                    device=codes.device, requires_grad=False)
 
     def __init__(self, codes, meta, spec, head_dim, dtype, outer_size=None, outer_stride=None, ring=None,
-                 ring_pos=None, head_repeat=1, frame=None):
+                 ring_pos=None, head_repeat=1, frame=None, numerics=None):
+        # numerics: ignored; a compiled graph that builds the tensor from plain buffers (see
+        # integrations.transformers) passes numerics_digest() so that its text, which graph caches
+        # key on, changes with the dispatch code it traced
         self.codes = codes
         self.meta = meta
         self.spec = spec
@@ -184,7 +187,7 @@ class QuantizedCacheTensor(torch.Tensor):
         # layouts too, or a graph compiled for other strides is reused (seen: "expected size 40==20")
         # ...and the numerics' source: the graphs trace our dispatch code, which the cache
         # key does not otherwise see (seen: a changed 3-bit layout served from a stale cache)
-        return (f"turboquant.QuantizedCacheTensor:{_numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
+        return (f"turboquant.QuantizedCacheTensor:{numerics_digest()}:{self.spec}:{self.head_dim}:{self.dtype}:"
                 f"{self.head_repeat}:"
                 f"{tuple(self.codes.shape)}:{self.codes.stride()}:{tuple(self.meta.shape)}:{self.meta.stride()}:"
                 f"{None if self.ring is None else (tuple(self.ring.shape), self.ring.stride())}:"

@@ -5,7 +5,8 @@ How a cache becomes quantized (details in docs/design.md):
 1. The backend runs :func:`~turboquant.passes.find_kv_sites` on every Dynamo graph: each
    attention read (SDPA or the eager matmul-softmax-matmul) is linked to the K/V cache
    tensors it reads and the writes into them.
-2. A cache that is already a :class:`~turboquant.cache.QuantizedCacheTensor` needs nothing
+2. A cache that is already a :class:`~turboquant.cache.QuantizedCacheTensor` — an input, or
+   built inside the graph from the plain buffers a transformers layer holds — needs nothing
    more: its writes quantize on the fly and SDPA over it is one ``turboquant::attention``.
 3. A dense cache found in the graph (a module buffer, a transformers cache layer) is
    swapped at its owner for a quantized copy right after this call, which runs unchanged;
@@ -154,7 +155,7 @@ def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bo
         row = dict(layer=layer, k_source=site.k.source, v_source=site.v.source, write=write, read=site.read,
                    bits=f"k{config.spec('k').bits}/v{config.spec('v').bits}" if config is not None else "")
         if config is None:
-            if not any(isinstance(t, QuantizedCacheTensor) for t in tensors):
+            if not any(isinstance(t, QuantizedCacheTensor) for t in tensors) and not site.k.built_in_graph:
                 state.record(LayerReport(**{**row, "status": "dense", "reason": "protected_layers keeps it dense"}))
                 continue
         if site.read == "eager" and not eager_rewritten:
@@ -162,7 +163,7 @@ def _analyze(gm, sites, example_inputs, state: CompileState, eager_rewritten: bo
                       "it reads decoded copies of the cache (correct, not fast)")
             _warn_once(f"layer {layer} ({site.k.source}): {reason}")
             row["status"], row["reason"] = "decoded", reason
-        if all(isinstance(t, QuantizedCacheTensor) for t in tensors):
+        if all(isinstance(t, QuantizedCacheTensor) for t in tensors) or (site.k.built_in_graph and site.v.built_in_graph):
             counters["turboquant"]["layers_quantized"] += 1
             state.record(LayerReport(**{"status": "quantized", **row}))
         elif all(isinstance(t, torch.Tensor) for t in tensors):
@@ -225,7 +226,8 @@ def _backend(gm, example_inputs, state: CompileState):
         # runs once per dense cache, eagerly; the next call fails Dynamo's type guards and
         # compiles the graph over quantized storage, so compiling this one would be wasted
         return _inference_only(_swapping_entry(gm, to_swap, state), state, True)
-    quantized = any(isinstance(t, QuantizedCacheTensor) for t in example_inputs)
+    quantized = any(isinstance(t, QuantizedCacheTensor) for t in example_inputs) or \
+        any(site.k.built_in_graph for site in sites)
     # the bare backend has no wrapper around the model's call: a graph over a quantized cache
     # traced in grad mode is compiled (AOTAutograd: no joint graph) and run under no_grad here
     with state.inference_only(quantized):

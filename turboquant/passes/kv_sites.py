@@ -3,19 +3,24 @@
 A static cache's write and read are not connected by a data edge (both use the cache
 placeholder, DESIGN.md §3), so this is a graph walk, not a pattern match: every attention
 read is followed back through view-like ops to its root — a placeholder (preallocated cache,
-module buffer) or a ``torch.cat`` on one (growing cache) — and the writes found on the same
-root are attached to it.
+module buffer), a ``torch.cat`` on one (growing cache), or a
+:class:`~turboquant.cache.QuantizedCacheTensor` the graph builds from placeholders (a cache
+layer that holds plain buffers, see ``integrations.transformers``) — and the writes found on
+the same root are attached to it.
 """
 
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+
+from ..cache import QuantizedCacheTensor
 
 __all__ = ["CacheSite", "LayerSites", "find_kv_sites", "SDPA_TARGETS"]
 
@@ -39,6 +44,7 @@ class CacheSite:
     role: str                  # "k" or "v"
     writes: List[str] = field(default_factory=list)   # e.g. ["index_copy_"], ["setitem"], ["cat"]
     reads: List[str] = field(default_factory=list)    # "sdpa" or "eager"
+    built_in_graph: bool = False  # a QuantizedCacheTensor the graph builds from its codes (``node``)
 
 
 @dataclass
@@ -68,12 +74,12 @@ def _root(node, seen=None) -> Optional[fx.Node]:
     for _ in range(64):
         if not isinstance(node, fx.Node):
             return None
-        if node.op == "placeholder":
+        if node.op == "placeholder" or _built_in_graph(node):
             return node
         if node.op == "call_function" and node.target is torch.cat:
             parts = node.args[0] if node.args else node.kwargs.get("tensors")
             first = _root(parts[0]) if parts else None
-            return node if first is not None and first.op == "placeholder" else None
+            return node if first is not None and (first.op == "placeholder" or _built_in_graph(first)) else None
         if node.op == "call_method" and node.target in _PASS_THROUGH_METHODS:
             node = node.args[0]
             continue
@@ -84,10 +90,32 @@ def _root(node, seen=None) -> Optional[fx.Node]:
     return None
 
 
+def _built_in_graph(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is QuantizedCacheTensor
+
+
+_HELD_CODES = re.compile(r"\._turboquant_(keys|values)\[0\]$")
+
+
+def _held_source(codes_source: str) -> str:
+    """The attribute a layer's held codes stand for: ``….layers[0]._turboquant_keys[0]`` → ``….layers[0].keys``."""
+    return _HELD_CODES.sub(r".\1", codes_source)
+
+
 def _placeholder_of(root: fx.Node) -> fx.Node:
+    """The placeholder a root stands for: itself, the first ``cat`` operand's, or the codes'."""
     if root.op == "placeholder":
         return root
+    if _built_in_graph(root):
+        return _root(root.args[0] if root.args else root.kwargs["codes"])
     return _root(root.args[0][0] if root.args else root.kwargs["tensors"][0])
+
+
+def _first_cat_root(node: fx.Node):
+    if node.op == "call_function" and node.target is torch.cat:
+        parts = node.args[0] if node.args else node.kwargs.get("tensors")
+        return _root(parts[0])
+    return node
 
 
 def _write_target(node: fx.Node):
@@ -153,7 +181,9 @@ def find_kv_sites(gm: fx.GraphModule) -> List[LayerSites]:
         ph = [_placeholder_of(r) for r in roots]
         if not (writes.get(ph[0]) and writes.get(ph[1])):
             continue  # attention over tensors nobody writes: not a cache (e.g. cross-attention states)
-        sites = [CacheSite(node=p.name, source=_source_name(p), role=role, writes=list(writes[p]), reads=[read])
-                 for p, role in zip(ph, ("k", "v"))]
+        built = [_built_in_graph(_first_cat_root(r)) for r in roots]
+        sites = [CacheSite(node=p.name, source=_held_source(_source_name(p)) if b else _source_name(p), role=role,
+                           writes=list(writes[p]), reads=[read], built_in_graph=b)
+                 for p, role, b in zip(ph, ("k", "v"), built)]
         layers.append(LayerSites(layer=len(layers), k=sites[0], v=sites[1], read=read, attention_node=node.name))
     return layers
