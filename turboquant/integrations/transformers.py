@@ -122,9 +122,9 @@ def _held_property(role: str) -> property:
 
     def set(self, value: torch.Tensor) -> None:
         if not isinstance(value, QuantizedCacheTensor):  # a dense assignment (e.g. a beam reorder): requantized
-            codes, meta, ring, ring_pos, frame, spec = getattr(self, attr)[:6]
-            window = 0 if ring is None else ring.shape[-2]
-            value = QuantizedCacheTensor.from_dense(value, _HELD_SPECS[spec], window=window, frame=None if frame is None else frame[0])
+            ring, _, frame, spec = getattr(self, attr)[2:6]
+            value = _to_quantized(value, value, _HELD_SPECS[spec], 0 if ring is None else ring.shape[-2],
+                                  None if frame is None else frame[0])
         setattr(self, attr, _held_parts(value))
 
     return property(get, set, doc=f"The layer's quantized {role} (a wrapper over the buffers it holds).")
@@ -148,10 +148,6 @@ def _hold_buffers(layer, keys: QuantizedCacheTensor, values: QuantizedCacheTenso
             layer.__dict__.pop(name, None)
         layer.__class__ = _held_class(type(layer))
     layer.keys, layer.values = keys, values
-    for q in (keys, values):  # written in place at fixed addresses (CUDA graphs), re-initialized ones too
-        for t in (q.codes, q.meta, q.ring, q.ring_pos, q.frame):
-            if t is not None:
-                mark_static_address(t)
 
 
 def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0,
@@ -166,7 +162,8 @@ def _to_quantized(x: torch.Tensor, like: torch.Tensor, spec, window: int = 0,
         q = QuantizedCacheTensor.empty(tuple(x.shape), spec, dtype=x.dtype, device=x.device, window=window,
                                        frame=frame)
         # written in place at fixed addresses, like the dense tensors transformers marks: without
-        # this, CUDA graph trees skip every graph that writes the cache (mutated inputs)
+        # this, CUDA graph trees skip every graph that writes the cache (mutated inputs); a held
+        # layer's buffers come from here too, re-initialized ones through its setter
         for t in (q, q.codes, q.meta, q.ring, q.ring_pos, q.frame):
             if t is not None:
                 mark_static_address(t)
