@@ -16,6 +16,7 @@ import torch
 import turboquant
 from turboquant.compat import dynamo_counters
 from turboquant.integrations.transformers import quantize_cache
+from turboquant.quant import constants
 from turboquant.testing import KERNEL_REL_TOL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
@@ -112,11 +113,15 @@ def test_decode_loop_does_not_recompile(model):
     assert dynamo_counters()["stats"]["unique_graphs"] == graphs
 
 
-def test_reduce_overhead_replays_cuda_graphs(model):
+@pytest.mark.parametrize("method, bits", [("affine", 4), ("turbo", 3)])
+def test_reduce_overhead_replays_cuda_graphs(model, method, bits):
     ids, n = _prompts(1), 24
-    cfg = turboquant.KVQuantConfig(bits=4)
+    cfg = turboquant.KVQuantConfig(bits=bits, method=method)
     ref_tokens, _ = _eager_quantized(model, ids, n, cfg)
-    compiled = turboquant.compile(copy.deepcopy(model), bits=4, mode="reduce-overhead")
+    # the kernels' tables (turbo's rotation and centroids) copied to the GPU before would hide
+    # where the first copy lands: it must not be the memory pool of the graph being warmed up
+    constants._ON_DEVICE.clear()
+    compiled = turboquant.compile(copy.deepcopy(model), bits=bits, method=method, mode="reduce-overhead")
     _generate(compiled, ids, n, cache_implementation="static")  # warm-up and recording
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         tokens, _ = _generate(compiled, ids, n, cache_implementation="static")

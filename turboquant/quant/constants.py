@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -52,8 +53,23 @@ def _on_device(table: torch.Tensor, device, dtype) -> torch.Tensor:
     key = (id(table), str(torch.device(device)), dtype)
     hit = _ON_DEVICE.get(key)
     if hit is None or hit[0] is not table:
-        hit = _ON_DEVICE[key] = (table, table.to(device=device, dtype=dtype))
+        hit = _ON_DEVICE[key] = (table, _copy_outside_graph_pools(table, device, dtype))
     return hit[1]
+
+
+def _copy_outside_graph_pools(table: torch.Tensor, device, dtype) -> torch.Tensor:
+    """``table.to(device, dtype)``, allocated from a helper thread. CUDA graph trees warm a graph up
+    by running it eagerly with the running thread's allocations routed into the graph's private
+    pool; a table first copied there would stay alive in the pool, which the trees then refuse
+    ("tensor(s) in the cudagraph pool not tracked as outputs": turbo 4-bit, mode="reduce-overhead",
+    H200). The pool takes only that thread's allocations, so the copy is made on another."""
+    out = []
+    worker = threading.Thread(target=lambda: out.append(table.to(device=device, dtype=dtype)))
+    worker.start()
+    worker.join()
+    if not out:  # the thread's exception went to stderr: repeat the copy here to raise it
+        return table.to(device=device, dtype=dtype)
+    return out[0]
 
 
 _ON_DEVICE: dict = {}
