@@ -43,3 +43,33 @@ def test_centroids_are_divided_in_the_callers_dtype():
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         want = lloyd_max_codebook(128, 3).to(dtype) / 128 ** 0.5
         assert torch.equal(turbo_centroids(128, 3, dtype=dtype), want)
+
+
+
+def test_a_tables_device_copy_is_made_outside_the_calling_thread(monkeypatch):
+    """CUDA graph trees route the warming thread's allocations into the graph's pool, so the one
+    copy of a table must be allocated by another thread (turbo under reduce-overhead, H200)."""
+    import threading
+
+    from turboquant.quant import constants
+
+    copied_on, real_to = [], torch.Tensor.to
+
+    def recording_to(self, *args, **kwargs):
+        copied_on.append(threading.get_ident())
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(constants, "_ON_DEVICE", {})
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    got = constants._on_device(torch.arange(6.0), "meta", torch.float16)
+    assert got.device.type == "meta" and got.dtype == torch.float16 and got.shape == (6,)
+    assert copied_on and threading.get_ident() not in copied_on
+
+
+def test_a_failed_device_copy_raises_in_the_caller():
+    """Not lost in the helper thread (a CPU-only torch asserts; a GPU machine has no device 99)."""
+    from turboquant.quant import constants
+
+    with pytest.raises((RuntimeError, AssertionError), match="CUDA|device"):
+        constants._copy_outside_graph_pools(torch.ones(3), "cuda:99" if torch.cuda.is_available() else "cuda",
+                                            torch.float32)

@@ -63,13 +63,20 @@ def _copy_outside_graph_pools(table: torch.Tensor, device, dtype) -> torch.Tenso
     pool; a table first copied there would stay alive in the pool, which the trees then refuse
     ("tensor(s) in the cudagraph pool not tracked as outputs": turbo 4-bit, mode="reduce-overhead",
     H200). The pool takes only that thread's allocations, so the copy is made on another."""
-    out = []
-    worker = threading.Thread(target=lambda: out.append(table.to(device=device, dtype=dtype)))
+    result = {}
+
+    def copy():
+        try:
+            result["table"] = table.to(device=device, dtype=dtype)
+        except Exception as e:  # raised again in the caller's thread
+            result["error"] = e
+
+    worker = threading.Thread(target=copy, name="turboquant-table-copy")
     worker.start()
     worker.join()
-    if not out:  # the thread's exception went to stderr: repeat the copy here to raise it
-        return table.to(device=device, dtype=dtype)
-    return out[0]
+    if "error" in result:
+        raise result["error"]
+    return result["table"]
 
 
 _ON_DEVICE: dict = {}
