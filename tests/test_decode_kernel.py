@@ -114,21 +114,68 @@ def test_property(method, k_bits, v_bits, g, L, S, seed):
     assert _rel(out, ref) < TOL
 
 
-def _run_ptx(asm: str, inputs: list) -> list:
-    """The ``and.b32``/``prmt.b32`` (default mode) instructions of ``asm`` on 32-bit ``inputs``
-    (``$2``, ``$3``, …); returns ``$0`` and ``$1``."""
+def _run_ptx(asm: str, inputs: list, first_input: int = 2) -> list:
+    """The 32-bit integer instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``
+    and default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte) on ``inputs``
+    (``$first_input``, …); returns ``$0`` and ``$1``."""
     import re
 
-    regs = {f"${i + 2}": v for i, v in enumerate(inputs)}
+    regs = {f"${i + first_input}": v for i, v in enumerate(inputs)}
     value = lambda x: regs[x] if x in regs else int(x, 0)  # noqa: E731
-    for op, operands in re.findall(r"(and\.b32|prmt\.b32)\s+([^;]+);", asm):
+    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|mov\.b32|mul\.lo\.u32|mad\.lo\.u32|prmt\.b32)\s+"
+                                   r"([^;]+);", asm):
         d, *src = [x.strip() for x in operands.split(",")]
-        if op == "and.b32":
-            regs[d] = value(src[0]) & value(src[1])
+        x = [value(v) for v in src]
+        if op == "prmt.b32":
+            pool = [(x[i // 4] >> (8 * (i % 4))) & 0xFF for i in range(8)]
+            out = 0
+            for k in range(4):
+                nib = (x[2] >> (4 * k)) & 0xF
+                byte = pool[nib & 7]
+                out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
+            regs[d] = out
         else:
-            pool = [(value(src[i // 4]) >> (8 * (i % 4))) & 0xFF for i in range(8)]
-            regs[d] = sum(pool[(value(src[2]) >> (4 * k)) & 7] << (8 * k) for k in range(4))
-    return [regs["$0"], regs["$1"]]
+            regs[d] = {"and.b32": lambda: x[0] & x[1], "or.b32": lambda: x[0] | x[1], "shr.b32": lambda: x[0] >> x[1],
+                       "mov.b32": lambda: x[0], "mul.lo.u32": lambda: x[0] * x[1],
+                       "mad.lo.u32": lambda: x[0] * x[1] + x[2]}[op]() & 0xFFFFFFFF
+    return [regs.get("$0"), regs.get("$1")]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("D", [64, 80, 128])
+def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
+    """The PTX of ``register_lut`` (GPU only) against the table: each of two lanes becomes the fp16
+    bits of its code's centroid; 2/4-bit codes are cut from plane ``s`` of the row words here, 3-bit
+    ones come in place in the lanes of ``_field3_lanes``."""
+    from turboquant.templates import decode_attention as da
+
+    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
+    words = da._register_lut_words(spec, D)
+    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    gen = torch.Generator().manual_seed(bits * D)
+    for s in range(8 if bits == 3 else 16 // bits):
+        asm = da._register_lut_asm.fn(bits, words, s)
+        for _ in range(100):
+            w = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
+            if bits == 3:  # lanes of _field3_lanes: the code in place, nothing else
+                w = [(x & 7) << da._field3_shift.fn(s) for x in w]
+                codes = [x >> da._field3_shift.fn(s) for x in w]
+            else:
+                codes = [(x >> (bits * s)) & ((1 << bits) - 1) for x in w]
+            out = _run_ptx(asm, [w[0] | w[1] << 16], first_input=1)[0]
+            assert [out & 0xFFFF, out >> 16] == [table[c] for c in codes], (s, codes)
+
+
+def test_register_lut_is_a_turbo_option_off_by_default():
+    from turboquant.templates import decode_attention as da
+
+    for bits in (2, 3, 4, 8):
+        cfg = KVQuantConfig(method="turbo", bits=bits)
+        assert _plan_options(cfg, 4096)[1]["K_LUT_WORDS"] == ""
+        on = _plan_options(cfg, 4096, register_lut=True)[1]
+        assert (on["K_LUT_WORDS"] == da._register_lut_words(cfg.spec("k"), 128)) == (bits <= 4)
+        assert (on["V_LUT_WORDS"] != "") == (bits <= 4)
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True)[1]["K_LUT_WORDS"] == ""
 
 
 def test_3bit_lane_permutes_put_each_code_in_place():
@@ -303,7 +350,7 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     shapes = [rows_last(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
     t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
-             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None) | tuning
+             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None) | tuning
     return da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
                          tuple(t.values()), capturing)
 
@@ -434,4 +481,15 @@ def test_one_warp_programs_on_a_long_cache(method, bits, L):
     # the defaults a long cache gets (one warp per program), odd length, padding mask, GQA 4
     out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=L, S=8193, D=128, mask="padded", seed=L, dtype=torch.bfloat16,
                      block_n=None)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [(2, 2), (3, 3), (4, 4), (4, 2), (3, 8)])
+@pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
+@pytest.mark.parametrize("D", [128, 80])
+def test_register_lut_on_gpu(bits, S, D):
+    # the byte-permute lookups (register_lut) in the compiled kernel, keys and values
+    out, ref = _case("turbo", *bits, B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D,
+                     dtype=torch.bfloat16, block_n=None, register_lut=True)
     assert _rel(out.to(torch.bfloat16), ref) < TOL

@@ -258,16 +258,76 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
-                  USE_ASM: tl.constexpr):
+                  USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
-    turbo centroids, 3-bit affine codes, or 2/4/8-bit affine fields in place."""
-    if TURBO:
+    turbo centroids (from registers with ``LUT_WORDS``, :func:`_register_lut_asm`), 3-bit affine
+    codes, or 2/4/8-bit affine fields in place."""
+    if TURBO and USE_ASM and LUT_WORDS != "":
+        ASM: tl.constexpr = _register_lut_asm(BITS, LUT_WORDS, S)
+        src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
+        vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
+    elif TURBO:
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
     elif BITS == 3:  # fp16 subnormals in place
         vals = _field3_lanes(b0, b1, b2, S, USE_ASM).to(tl.float16, bitcast=True)
     else:
         vals = _field_values(b0, S, BITS, USE_ASM)
     return vals
+
+
+@triton.constexpr_function
+def _register_lut_asm(bits, words, s):
+    """PTX for two turbo codes to their two fp16 centroids (``$0``) from a table held in the
+    instructions (``words``: :func:`_register_lut_words`), by byte permutes: no shared memory,
+    where ``tl.gather`` costs a shuffle and a shared-memory store per code. ``$1``: two int16 row
+    words whose plane-``s`` fields are the codes (2/4-bit; cut out here, a permute, shift and AND
+    per two codes against Triton's shift and AND per code), or for 3 bits two lanes of
+    :func:`_field3_lanes` (the code in place at bit ``3s mod 8``).
+
+    ``v`` holds the codes in bytes 0 and 1; ``v · 0x11`` repeats each in two nibbles, the selector
+    of two output bytes: a centroid's low byte from the low-byte registers, its high byte from the
+    high-byte ones. 2-bit: one permute over 4 entries (selector nibbles ``f, f + 4``); 3-bit: one per
+    byte half over 8 entries, merged; 4-bit: entries 0–7 and 8–15 apart, then each byte chosen by
+    the code's top bit (a permute's nibble with bit 3 set would sign-fill instead of select)."""
+    bits, s = int(bits), int(s)
+    w = [int(x, 16) for x in str(words).split(",")]
+    movs = "".join(f"mov.b32 t{i}, {x:#010x}; " for i, x in enumerate(w))
+    head = "{ .reg .b32 v, s, a, b, c, e, t0, t1, t2, t3, t4, t5, t6, t7; " + movs
+    if bits == 3:  # fields masked in place: shifted down, bytes 0 and 2 are the codes
+        head += f"shr.b32 v, $1, {_field3_shift(s)}; prmt.b32 v, v, 0, 0x4420; "
+    else:  # the byte that holds the field, of each word, then the field
+        byte, shift = divmod(bits * s, 8)
+        head += f"prmt.b32 v, $1, 0, {0x4400 | (2 + byte) << 4 | byte:#06x}; "
+        if shift:
+            head += f"shr.b32 v, v, {shift}; "
+        head += f"and.b32 v, v, {((1 << bits) - 1) * 0x0101:#06x}; "
+    if bits == 2:  # t0: low bytes of entries 0-3, t1: high bytes; selector nibbles f, f + 4
+        return head + "mad.lo.u32 s, v, 17, 0x4040; prmt.b32 $0, t0, t1, s; }"
+    head += "mul.lo.u32 s, v, 17; "
+    if bits == 3:  # t0, t1: low bytes of entries 0-7; t2, t3: high bytes
+        body = ("prmt.b32 a, t0, t1, s; prmt.b32 b, t2, t3, s; "
+                "and.b32 a, a, 0x00FF00FF; and.b32 b, b, 0xFF00FF00; or.b32 $0, a, b; ")
+    else:  # t0-t3: low bytes of entries 0-15, t4-t7: high bytes
+        body = ("and.b32 e, s, 0x7777; shr.b32 c, s, 1; and.b32 c, c, 0x4444; or.b32 c, c, 0x3210; "
+                "prmt.b32 a, t0, t1, e; prmt.b32 b, t2, t3, e; prmt.b32 a, a, b, c; "
+                "prmt.b32 b, t4, t5, e; prmt.b32 e, t6, t7, e; prmt.b32 b, b, e, c; "
+                "and.b32 a, a, 0x00FF00FF; and.b32 b, b, 0xFF00FF00; or.b32 $0, a, b; ")
+    return head + body + "}"
+
+
+def _gathers(spec: TensorQuantSpec) -> bool:
+    """Whether the kernels look a spec's codes up in a ≤ 16-entry centroid table."""
+    return spec.method == "turbo" and spec.bits <= 4
+
+
+def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
+    """The fp16 centroid table of a ≤ 4-bit turbo spec as the words :func:`_register_lut_asm` moves
+    into registers: the entries' low bytes four to a word, then their high bytes."""
+    bits = _centroids_fp16(d, spec.bits).view(torch.int16).to(torch.int32).tolist()
+    lo = [b & 0xFF for b in bits]
+    hi = [(b >> 8) & 0xFF for b in bits]
+    word = lambda bs: sum(x << (8 * i) for i, x in enumerate(bs))  # noqa: E731
+    return ",".join(f"{word(bs[i:i + 4]):#x}" for bs in (lo, hi) for i in range(0, len(bs), 4))
 
 
 @triton.jit
@@ -390,7 +450,7 @@ def _decode_split_kernel(
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
-    ROTATE: tl.constexpr,
+    ROTATE: tl.constexpr, K_LUT_WORDS: tl.constexpr, V_LUT_WORDS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -493,7 +553,7 @@ def _decode_split_kernel(
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
-                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM)
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT_WORDS)
         if K_TURBO:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
         else:
@@ -553,11 +613,11 @@ def _decode_split_kernel(
             pv if NG == 1 else tl.where(grp[:, None] == 0, pv, 0.0), vc_base, blk, S, stride_vcs,
             a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
             a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
-            vlut_ptr, USE_ASM)
+            vlut_ptr, USE_ASM, V_LUT_WORDS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 tl.where(grp[:, None] == r, pv, 0.0), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
-                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM)
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT_WORDS)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
     if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
@@ -667,59 +727,60 @@ def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
 @triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
-              USE_ASM: tl.constexpr):
+              USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
     n = first + tl.arange(0, N)
     k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
-    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM)))
+    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)))
     if KP > 1:
-        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
     if KP > 2:
-        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM)), dots)
-        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
     if KP > 4:
-        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM)), dots)
-        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM)), dots)
-        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM)), dots)
-        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM)), dots)
+        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
     return dots
 
 
 @triton.jit
 def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
-                BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr):
+                BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
+                LUT_WORDS: tl.constexpr):
     """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
     (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
     and the softmax then runs once for the block)."""
     SUB_N: tl.constexpr = BLOCK_N // NG
     dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
-                     klut_ptr, USE_ASM)
+                     klut_ptr, USE_ASM, LUT_WORDS)
     for r in tl.static_range(1, NG):
         dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
                                                      stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
-                                                     USE_ASM), dots)
+                                                     USE_ASM, LUT_WORDS), dots)
     return dots
 
 
 @triton.jit
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
-                vlut_ptr, USE_ASM: tl.constexpr):
+                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane."""
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
-    a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM), a0)
+    a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a0)
     if VP > 1:
-        a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM), a1)
+        a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a1)
     if VP > 2:
-        a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM), a2)
-        a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM), a3)
+        a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a2)
+        a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a3)
     if VP > 4:
-        a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM), a4)
-        a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM), a5)
-        a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM), a6)
-        a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM), a7)
+        a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a4)
+        a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a5)
+        a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a6)
+        a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a7)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -1026,7 +1087,7 @@ class _Plan:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks) = tuning
+     rotate_blocks, register_lut) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1107,7 +1168,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
-        FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0)
+        FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
+        K_LUT_WORDS=_register_lut_words(k_spec, D) if register_lut and _gathers(k_spec) else "",
+        V_LUT_WORDS=_register_lut_words(v_spec, D) if register_lut and _gathers(v_spec) else "")
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1128,7 +1191,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
-                     row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None) -> torch.Tensor:
+                     row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
+                     register_lut: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1141,14 +1205,16 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
     default 4 or 2 for affine 2/3/4-bit on splits of ``ROW_GROUP_SPLIT_KEYS`` keys or more, else 1).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
-    default for one-warp programs).
+    default for one-warp programs). ``register_lut``: turbo codes of ≤ 4 bits looked up by byte
+    permutes in a table held in registers (GPU; the interpreter keeps the gather) instead of by
+    ``tl.gather``; off by default until timed (docs/design.md).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks)
+              rotate_blocks, register_lut)
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()

@@ -1,0 +1,134 @@
+"""How many instructions does the decode kernel's loop spend per key? (CPU: compiles for sm_90)
+
+    python benchmarks/decode_sass.py turbo 2                         # gather
+    python benchmarks/decode_sass.py turbo 2 --register-lut          # centroids from registers
+    python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
+
+Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
+call of this shape would get (B = 8, Hkv = 8, GQA 4, one query position, inside a CUDA graph),
+disassembles it with the ptxas/cuobjdump that ship with Triton, and counts the SASS instructions
+of the main loop (the longest backward branch): per key, and per opcode. No GPU is needed; the
+counts are not timings (the design notes pair them with H200 timings where they have them).
+Prints the registers, spill stack and shared memory; writes the row as CSV (``decode_sass.csv``).
+"""
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import ASTSource  # noqa: E402
+
+from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
+from turboquant.reporting import write_csv  # noqa: E402
+from turboquant.templates import decode_attention as da  # noqa: E402
+
+COLUMNS = ["method", "bits", "S", "register_lut", "num_warps", "block_n", "registers", "stack", "shared",
+           "loop_instructions", "per_key", "opcodes"]
+_TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
+       torch.int32: "i32"}
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
+    """SASS text and resource line of the split kernel a call of this shape would launch."""
+    cfg = KVQuantConfig(method=method, bits=bits)
+    small = quantize_kv(torch.randn(1, 1, 4, D), cfg)
+    q = torch.zeros(B, HKV * G, 1, D, dtype=torch.bfloat16)
+    codes = torch.zeros(B, HKV, S, small.codes.shape[-1], dtype=small.codes.dtype)
+    meta = small.meta.flatten(-2) if method == "affine" else small.meta
+    meta = torch.zeros(B, HKV, S, meta.shape[-1], dtype=meta.dtype)
+    t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=True,
+             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None) | tuning
+    plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
+                         tuple(t.values()), True)
+    names = da._decode_split_kernel.arg_names
+    args = [q, codes, meta, codes, meta] + [q] * 8 + list(plan.split.tail)
+    first_const = names.index("HKV")
+    args[names.index("FIXED_BLOCKS")] = 0 if plan.split.options["num_warps"] == 1 else args[names.index("FIXED_BLOCKS")]
+    sig, consts, attrs = {}, {}, {}
+    for i, (n, v) in enumerate(zip(names, args)):
+        if i >= first_const:
+            sig[n], consts[n] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[n], attrs[(i,)] = "*" + _TL[v.dtype], [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if v % 16 == 0 and v != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    ck = triton.compile(ASTSource(da._decode_split_kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                        options=dict(plan.split.options))
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(ck.asm["cubin"])
+    try:
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    finally:
+        os.unlink(f.name)
+    return sass, res, ck.metadata.shared, plan.split.options, consts["BLOCK_N"]
+
+
+def loop_counts(sass: str):
+    """Instructions of the longest backward branch's body, and their opcodes."""
+    addr_re = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
+    lines = [line for line in sass.splitlines() if addr_re.match(line)]
+    addr = lambda line: int(addr_re.match(line).group(1), 16)  # noqa: E731
+    best = None
+    for line in lines:
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", line)
+        if m and int(m.group(1), 16) < addr(line):
+            span = (int(m.group(1), 16), addr(line))
+            if best is None or span[1] - span[0] > best[1] - best[0]:
+                best = span
+    body = [line for line in lines if best and best[0] <= addr(line) <= best[1]]
+    ops = collections.Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line).group(1) for line in body)
+    return len(body), ops
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("method", choices=["affine", "turbo"])
+    p.add_argument("bits", type=int, choices=[2, 3, 4, 8])
+    p.add_argument("--S", type=int, default=32768, help="cache length (sets the plan: warps, blocks, row groups)")
+    p.add_argument("--num-warps", type=int)
+    p.add_argument("--block-n", type=int)
+    p.add_argument("--row-groups", type=int)
+    p.add_argument("--register-lut", action="store_true", help="turbo centroids from registers (byte permutes)")
+    p.add_argument("--dump", help="write the whole SASS here")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    a = p.parse_args(argv)
+    sass, res, shared, options, block_n = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
+                                                      block_n=a.block_n, row_groups=a.row_groups,
+                                                      register_lut=a.register_lut or None)
+    if a.dump:
+        with open(a.dump, "w") as f:
+            f.write(sass)
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
+    n, ops = loop_counts(sass)
+    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=a.register_lut, num_warps=options["num_warps"],
+               block_n=block_n, registers=int(usage.group(1)), stack=int(usage.group(2)), shared=shared,
+               loop_instructions=n, per_key=round(n / block_n, 2),
+               opcodes=" ".join(f"{k}:{v}" for k, v in ops.most_common()))
+    for k in COLUMNS:
+        print(f"{k:>17}: {row[k]}")
+    print(f"wrote {write_csv([row], os.path.join(a.out, 'decode_sass.csv'), COLUMNS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
