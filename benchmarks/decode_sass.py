@@ -50,14 +50,13 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
     codes = torch.zeros(B, HKV, S, small.codes.shape[-1], dtype=small.codes.dtype)
     meta = small.meta.flatten(-2) if method == "affine" else small.meta
     meta = torch.zeros(B, HKV, S, meta.shape[-1], dtype=meta.dtype)
-    t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=True,
-             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None) | tuning
     plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
-                         tuple(t.values()), True)
+                         da._tuning(use_asm=True, **tuning), True)
     names = da._decode_split_kernel.arg_names
     args = [q, codes, meta, codes, meta] + [q] * 8 + list(plan.split.tail)
     first_const = names.index("HKV")
-    args[names.index("FIXED_BLOCKS")] = 0 if plan.split.options["num_warps"] == 1 else args[names.index("FIXED_BLOCKS")]
+    if plan.split.options["num_warps"] == 1:  # on the GPU one-warp programs take their bound as an argument
+        args[names.index("FIXED_BLOCKS")] = 0  # (the CPU tensors here made the interpreter's constant)
     sig, consts, attrs = {}, {}, {}
     for i, (n, v) in enumerate(zip(names, args)):
         if i >= first_const:

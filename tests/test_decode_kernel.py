@@ -349,10 +349,8 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
 
     shapes = [rows_last(t) for t in (kq.codes, kq.meta, vq.codes, vq.meta)]
     k_codes, k_meta, v_codes, v_meta = (torch.empty(*t.shape[:2], S, t.shape[-1], dtype=t.dtype) for t in shapes)
-    t = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=False,
-             min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None) | tuning
     return da._make_plan(q, k_codes, k_meta, v_codes, v_meta, kq.spec, vq.spec, None, False, 0.0, 0, D ** -0.5,
-                         tuple(t.values()), capturing)
+                         da._tuning(**({"use_asm": False} | tuning)), capturing)
 
 
 @pytest.mark.parametrize("method, bits, S, L, warps, block_n", [

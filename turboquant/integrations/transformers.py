@@ -122,7 +122,7 @@ def _held_property(role: str) -> property:
 
     def set(self, value: torch.Tensor) -> None:
         if not isinstance(value, QuantizedCacheTensor):  # a dense assignment (e.g. a beam reorder): requantized
-            ring, _, frame, spec = getattr(self, attr)[2:6]
+            _, _, ring, _, frame, spec, *_ = getattr(self, attr)
             value = _to_quantized(value, value, _HELD_SPECS[spec], 0 if ring is None else ring.shape[-2],
                                   None if frame is None else frame[0])
         setattr(self, attr, _held_parts(value))

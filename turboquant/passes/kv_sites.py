@@ -77,7 +77,7 @@ def _root(node, seen=None) -> Optional[fx.Node]:
         if node.op == "placeholder" or _built_in_graph(node):
             return node
         if node.op == "call_function" and node.target is torch.cat:
-            parts = node.args[0] if node.args else node.kwargs.get("tensors")
+            parts = _cat_parts(node)
             first = _root(parts[0]) if parts else None
             return node if first is not None and (first.op == "placeholder" or _built_in_graph(first)) else None
         if node.op == "call_method" and node.target in _PASS_THROUGH_METHODS:
@@ -88,6 +88,10 @@ def _root(node, seen=None) -> Optional[fx.Node]:
             continue
         return None
     return None
+
+
+def _cat_parts(node: fx.Node):
+    return node.args[0] if node.args else node.kwargs.get("tensors")
 
 
 def _built_in_graph(node: fx.Node) -> bool:
@@ -108,13 +112,13 @@ def _placeholder_of(root: fx.Node) -> fx.Node:
         return root
     if _built_in_graph(root):
         return _root(root.args[0] if root.args else root.kwargs["codes"])
-    return _root(root.args[0][0] if root.args else root.kwargs["tensors"][0])
+    return _root(_cat_parts(root)[0])
 
 
 def _first_cat_root(node: fx.Node):
+    """A ``cat`` root's first operand's root; any other root itself."""
     if node.op == "call_function" and node.target is torch.cat:
-        parts = node.args[0] if node.args else node.kwargs.get("tensors")
-        return _root(parts[0])
+        return _root(_cat_parts(node)[0])
     return node
 
 

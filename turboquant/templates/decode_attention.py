@@ -258,7 +258,7 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
-                  USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
+                  USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (from registers with ``LUT_WORDS``, :func:`_register_lut_asm`), 3-bit affine
     codes, or 2/4/8-bit affine fields in place."""
@@ -727,7 +727,7 @@ def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
 @triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
-              USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
+              USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
     n = first + tl.arange(0, N)
     k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
@@ -766,7 +766,7 @@ def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp
 @triton.jit
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
-                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr = ""):
+                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane."""
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
@@ -1084,6 +1084,19 @@ class _Plan:
     __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "split", "merge")
 
 
+# decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
+_TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
+                        min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None)
+
+
+def _tuning(**overrides) -> tuple:
+    """The tuning tuple of :func:`_make_plan` from keyword overrides (tests and tools)."""
+    unknown = set(overrides) - set(_TUNING_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown launch overrides {sorted(unknown)}; allowed: {list(_TUNING_DEFAULTS)}")
+    return tuple((_TUNING_DEFAULTS | overrides).values())
+
+
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
@@ -1213,6 +1226,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
+    # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut)
     # q stands in as the pointer of an absent mask or ring
