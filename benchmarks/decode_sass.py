@@ -1,6 +1,6 @@
 """How many instructions does the decode kernel's loop spend per key? (CPU: compiles for sm_90)
 
-    python benchmarks/decode_sass.py turbo 2                         # gather
+    python benchmarks/decode_sass.py turbo 2 --no-register-lut       # gather
     python benchmarks/decode_sass.py turbo 2 --register-lut          # centroids from registers
     python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
 
@@ -79,7 +79,7 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
                              check=True).stdout
     finally:
         os.unlink(f.name)
-    return sass, res, ck.metadata.shared, plan.split.options, consts["BLOCK_N"]
+    return sass, res, ck.metadata.shared, plan.split.options, consts
 
 
 def loop_counts(sass: str):
@@ -107,19 +107,21 @@ def main(argv=None):
     p.add_argument("--num-warps", type=int)
     p.add_argument("--block-n", type=int)
     p.add_argument("--row-groups", type=int)
-    p.add_argument("--register-lut", action="store_true", help="turbo centroids from registers (byte permutes)")
+    p.add_argument("--register-lut", action=argparse.BooleanOptionalAction, default=None,
+                   help="turbo centroids from registers by byte permutes, or by tl.gather (default: the plan's)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
-    sass, res, shared, options, block_n = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
+    sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
                                                       block_n=a.block_n, row_groups=a.row_groups,
-                                                      register_lut=a.register_lut or None)
+                                                      register_lut=a.register_lut)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
     usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
     n, ops = loop_counts(sass)
-    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=a.register_lut, num_warps=options["num_warps"],
+    block_n = consts["BLOCK_N"]
+    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=consts["K_LUT_WORDS"] != "", num_warps=options["num_warps"],
                block_n=block_n, registers=int(usage.group(1)), stack=int(usage.group(2)), shared=shared,
                loop_instructions=n, per_key=round(n / block_n, 2),
                opcodes=" ".join(f"{k}:{v}" for k, v in ops.most_common()))

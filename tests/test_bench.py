@@ -144,7 +144,7 @@ def test_decode_sass_counts_the_loop_of_the_kernel_compiled_for_sm90(tmp_path):
     rows = {}
     for lut in (False, True):
         subprocess.run([sys.executable, str(path), "turbo", "2", "--S", "32768", "--out", str(tmp_path)]
-                       + ["--register-lut"] * lut, env=env, check=True, capture_output=True)
+                       + ["--register-lut" if lut else "--no-register-lut"], env=env, check=True, capture_output=True)
         rows[lut] = next(csv.DictReader(open(tmp_path / "decode_sass.csv")))
     assert all(int(r["loop_instructions"]) > 0 and r["num_warps"] == "1" for r in rows.values())
     assert float(rows[True]["per_key"]) < float(rows[False]["per_key"])

@@ -166,15 +166,25 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
             assert [out & 0xFFFF, out >> 16] == [table[c] for c in codes], (s, codes)
 
 
-def test_register_lut_is_a_turbo_option_off_by_default():
+def test_register_lut_defaults_where_it_was_faster():
+    # by default: 2-bit turbo codes at every length, 3-bit ones in four-warp programs (short caches);
+    # never 4-bit (slower on the H200) nor 8-bit (256 entries) nor affine (no table)
     from turboquant.templates import decode_attention as da
 
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
-        assert _plan_options(cfg, 4096)[1]["K_LUT_WORDS"] == ""
-        on = _plan_options(cfg, 4096, register_lut=True)[1]
-        assert (on["K_LUT_WORDS"] == da._register_lut_words(cfg.spec("k"), 128)) == (bits <= 4)
-        assert (on["V_LUT_WORDS"] != "") == (bits <= 4)
+        for S in (1024, 4096):
+            options, default = _plan_options(cfg, S)
+            one_warp = options["num_warps"] == 1
+            assert one_warp == (S == 4096 and bits in (2, 3))
+            assert (default["K_LUT_WORDS"] != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
+            assert default["V_LUT_WORDS"] == default["K_LUT_WORDS"]
+            on, off = (_plan_options(cfg, S, register_lut=flag)[1] for flag in (True, False))
+            assert (on["K_LUT_WORDS"] == da._register_lut_words(cfg.spec("k"), 128)) == (bits <= 4)
+            assert (on["V_LUT_WORDS"] != "") == (bits <= 4)
+            assert off["K_LUT_WORDS"] == off["V_LUT_WORDS"] == ""
+    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=4, v_bits=2), 4096)[1]
+    assert mixed["K_LUT_WORDS"] == "" and mixed["V_LUT_WORDS"] != ""
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True)[1]["K_LUT_WORDS"] == ""
 
 
@@ -487,7 +497,11 @@ def test_one_warp_programs_on_a_long_cache(method, bits, L):
 @pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
 @pytest.mark.parametrize("D", [128, 80])
 def test_register_lut_on_gpu(bits, S, D):
-    # the byte-permute lookups (register_lut) in the compiled kernel, keys and values
-    out, ref = _case("turbo", *bits, B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D,
-                     dtype=torch.bfloat16, block_n=None, register_lut=True)
-    assert _rel(out.to(torch.bfloat16), ref) < TOL
+    # the byte-permute lookups (register_lut) in the compiled kernel, keys and values: the same
+    # fp16 centroids into the same MMAs as the gather, so the same output but for accumulation
+    # order; and the gather's output against the oracle
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
+    lut, ref = _case("turbo", *bits, register_lut=True, **args)
+    gather, _ = _case("turbo", *bits, register_lut=False, **args)
+    assert _rel(lut, gather.double()) < 1e-3, (_rel(lut, ref), _rel(gather, ref))
+    assert _rel(gather, ref) < TOL

@@ -14,7 +14,8 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
-* turbo: codes index the 2^b centroids (a register gather); ``q`` is rotated and the output
+* turbo: codes index the 2^b centroids (``tl.gather``, or byte permutes from a table in the
+  instructions for 2-bit codes and short 3-bit caches); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs; for a power-of-two head_dim the kernels read
   ``√d · R``, a signed Hadamard matrix, exact ±1 in fp16), norms scale the scores and the
   probabilities. Every split's output leaves in the model's dims.
@@ -318,6 +319,17 @@ def _register_lut_asm(bits, words, s):
 def _gathers(spec: TensorQuantSpec) -> bool:
     """Whether the kernels look a spec's codes up in a ≤ 16-entry centroid table."""
     return spec.method == "turbo" and spec.bits <= 4
+
+
+def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
+    """Whether a spec's codes are looked up by byte permutes (:func:`_register_lut_asm`) by default
+    rather than by ``tl.gather``. H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, gather → register
+    table (2026-12-03, ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 →
+    121.3 at 32K and 19.71 → 15.56 at 1K; turbo 3-bit 21.85 → 19.35 at 1K (four-warp programs) but
+    308.4 → 375.1 at 32K (one-warp programs, which spill more with the permutes); turbo 4-bit slower
+    in both (287.5 → 342.3, 17.26 → 20.14: sixteen entries take six permutes and a select per two
+    codes, 23.1 against 17.3 warp instructions per key in sm_90 SASS)."""
+    return _gathers(spec) and (spec.bits == 2 or (spec.bits == 3 and not one_warp))
 
 
 def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
@@ -1155,6 +1167,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
+    luts = [_gathers(s) and (_register_lut(s, one_warp) if register_lut is None else register_lut)
+            for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
@@ -1182,8 +1196,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
-        K_LUT_WORDS=_register_lut_words(k_spec, D) if register_lut and _gathers(k_spec) else "",
-        V_LUT_WORDS=_register_lut_words(v_spec, D) if register_lut and _gathers(v_spec) else "")
+        K_LUT_WORDS=_register_lut_words(k_spec, D) if luts[0] else "",
+        V_LUT_WORDS=_register_lut_words(v_spec, D) if luts[1] else "")
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1220,7 +1234,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``register_lut``: turbo codes of ≤ 4 bits looked up by byte
     permutes in a table held in registers (GPU; the interpreter keeps the gather) instead of by
-    ``tl.gather``; off by default until timed (docs/design.md).
+    ``tl.gather`` (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
