@@ -39,17 +39,25 @@ def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.
 
 def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> torch.Tensor:
     """Centroids in units of the unit vector's coordinates (already divided by ``√d``); one tensor
-    per device and dtype (see :func:`~.constants.as_constant`)."""
+    per device and dtype (see :func:`~.constants.as_constant`).
+
+    The Lloyd–Max levels rounded to fp16 (:func:`_fp16_levels`), so every dtype that holds them (the
+    float64 oracle, the kernels' fp16 and fp32 tables) holds the same numbers."""
     if torch.compiler.is_dynamo_compiling():
-        # a graph divides its codebook constant itself: two tables taken as constant results
-        # directly (the bounds, the centroids) make AOTAutograd see one source lifted twice
-        return as_constant(lloyd_max_codebook, d, bits, device=device, dtype=dtype) / d ** 0.5
-    return as_constant(_centroids_cpu, d, bits, dtype, device=device, dtype=dtype)
+        # a graph computes on its codebook constant (× 1, exact): two tables taken as constant
+        # results directly (the bounds, the centroids) make AOTAutograd see one source lifted twice
+        return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype) * 1.0
+    return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype)
 
 
-def _centroids_cpu(d: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    # divided in the caller's dtype, as a division on the device would: the same numbers on every device
-    return lloyd_max_codebook(d, bits).to(dtype) / d ** 0.5
+def _fp16_levels(d: int, bits: int) -> torch.Tensor:
+    """``lloyd_max_codebook / √d`` rounded once to fp16, as float64. The decode kernel's MMAs take fp16
+    operands; with the float64 levels as the codes' meaning, the kernel's rounded table was an error
+    of its own, fixed per level and so not averaged away: turbo 3-bit keys at head_dim 80 came out
+    2.06e-3 from the oracle on the H200 (bound 2e-3), and an emulation in float64 (fp16 table, fp16
+    rotated query, bf16 output) gives the same 2.056e-3, 1.72e-3 without the table's rounding. A
+    level moves by at most 2⁻¹¹ of itself (the codebook's MSE by far less: it is at its optimum)."""
+    return (lloyd_max_codebook(d, bits).to(torch.float64) / d ** 0.5).to(torch.float16).to(torch.float64)
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
@@ -112,7 +120,7 @@ def _unit_scale(sum_sq: torch.Tensor, d: int):
 def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
     """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
     :func:`turbo_quantize` compares with and looks up in ``dtype``."""
-    return tuple(codebook_boundaries(d, bits).to(dtype).tolist()), tuple(_centroids_cpu(d, bits, dtype).tolist())
+    return tuple(codebook_boundaries(d, bits).to(dtype).tolist()), tuple(_fp16_levels(d, bits).to(dtype).tolist())
 
 
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
