@@ -121,9 +121,9 @@ def main(argv=None):
     usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
     n, ops = loop_counts(sass)
     block_n = consts["BLOCK_N"]
-    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=consts["K_LUT_WORDS"] != "", num_warps=options["num_warps"],
-               block_n=block_n, registers=int(usage.group(1)), stack=int(usage.group(2)), shared=shared,
-               loop_instructions=n, per_key=round(n / block_n, 2),
+    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=consts["K_LUT_WORDS"] != "",
+               num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
+               stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),
                opcodes=" ".join(f"{k}:{v}" for k, v in ops.most_common()))
     for k in COLUMNS:
         print(f"{k:>17}: {row[k]}")

@@ -500,8 +500,8 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
     of ``test_register_lut_on_gpu``'s one-warp case. While the codes meant the float64 Lloyd–Max
     levels, the H200 gave turbo 3-bit keys at head_dim 80 2.06e-3 / 2.01e-3 (values 3 / 8-bit) and
     this emulation 2.056e-3 / 2.007e-3; the levels are fp16 numbers now (``turbo_centroids``)."""
-    from turboquant.quant.rotation import rotation_matrix
     from turboquant.quant import turbo
+    from turboquant.quant.rotation import rotation_matrix
     from turboquant.quant.turbo import turbo_centroids
     from turboquant.templates.decode_attention import _centroids_fp16
 

@@ -55,7 +55,7 @@ def _fp16_levels(d: int, bits: int) -> torch.Tensor:
     operands; with the float64 levels as the codes' meaning, the kernel's rounded table was an error
     of its own, fixed per level and so not averaged away: turbo 3-bit keys at head_dim 80 came out
     2.06e-3 from the oracle on the H200 (bound 2e-3), and an emulation in float64 (fp16 table, fp16
-    rotated query, bf16 output) gives the same 2.056e-3, 1.72e-3 without the table's rounding. A
+    rotated query, bf16 output) gives the same 2.056e-3, 1.711e-3 without the table's rounding. A
     level moves by at most 2⁻¹¹ of itself (the codebook's MSE by far less: it is at its optimum)."""
     return (lloyd_max_codebook(d, bits).to(torch.float64) / d ** 0.5).to(torch.float16).to(torch.float64)
 

@@ -326,7 +326,8 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     rather than by ``tl.gather``. H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, gather → register
     table (2026-12-03, ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 →
     121.3 at 32K and 19.71 → 15.56 at 1K; turbo 3-bit 21.85 → 19.35 at 1K (four-warp programs) but
-    308.4 → 375.1 at 32K (one-warp programs, which spill more with the permutes); turbo 4-bit slower
+    308.4 → 375.1 at 32K (one-warp programs; not explained: their loop has fewer instructions with the
+    table, 57.3 against 69.3 per key in sm_90 SASS); turbo 4-bit slower
     in both (287.5 → 342.3, 17.26 → 20.14: sixteen entries take six permutes and a select per two
     codes, 23.1 against 17.3 warp instructions per key in sm_90 SASS)."""
     return _gathers(spec) and (spec.bits == 2 or (spec.bits == 3 and not one_warp))
