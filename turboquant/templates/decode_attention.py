@@ -41,7 +41,6 @@ import triton.language as tl
 
 from .. import compat
 from ..config import TensorQuantSpec
-from ..quant.constants import as_constant
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
 from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
@@ -322,15 +321,16 @@ def _gathers(spec: TensorQuantSpec) -> bool:
 
 
 def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
-    """Whether a spec's codes are looked up by byte permutes (:func:`_register_lut_asm`) by default
-    rather than by ``tl.gather``. H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, gather → register
-    table (2026-12-03, ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 →
-    121.3 at 32K and 19.71 → 15.56 at 1K; turbo 3-bit 21.85 → 19.35 at 1K (four-warp programs) but
-    308.4 → 375.1 at 32K (one-warp programs; not explained: their loop has fewer instructions with the
-    table, 57.3 against 69.3 per key in sm_90 SASS); turbo 4-bit slower
-    in both (287.5 → 342.3, 17.26 → 20.14: sixteen entries take six permutes and a select per two
-    codes, 23.1 against 17.3 warp instructions per key in sm_90 SASS)."""
-    return _gathers(spec) and (spec.bits == 2 or (spec.bits == 3 and not one_warp))
+    """Whether a gathering spec's (:func:`_gathers`) codes are looked up by byte permutes
+    (:func:`_register_lut_asm`) by default rather than by ``tl.gather``. H200, B=8, Hq=32, Hkv=8,
+    D=128, CUDA graph µs, gather → register table (2026-12-03,
+    ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 → 121.3 at 32K and
+    19.71 → 15.56 at 1K; turbo 3-bit 21.85 → 19.35 at 1K (four-warp programs) but 308.4 → 375.1 at
+    32K (one-warp programs; not explained: their loop has fewer instructions with the table, 57.3
+    against 69.3 per key in sm_90 SASS); turbo 4-bit slower in both (287.5 → 342.3, 17.26 → 20.14:
+    sixteen entries take six permutes and a select per two codes, 23.1 against 17.3 warp
+    instructions per key in sm_90 SASS)."""
+    return spec.bits == 2 or (spec.bits == 3 and not one_warp)
 
 
 def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
@@ -1022,8 +1022,8 @@ def _use_asm(q: torch.Tensor) -> bool:
     return not interpreted(q)
 
 
-def _centroids_fp16(d: int, bits: int) -> torch.Tensor:
-    return turbo_centroids(d, bits, dtype=torch.float32).to(torch.float16)  # the values the MMAs see
+def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
+    return turbo_centroids(d, bits, device=device, dtype=torch.float16)  # fp16 numbers: exact, what the MMAs see
 
 
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
@@ -1036,7 +1036,7 @@ def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tenso
         return None
     if spec.bits > 4:
         return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
-    return as_constant(_centroids_fp16, d, spec.bits, device=q.device, dtype=torch.float16)
+    return _centroids_fp16(d, spec.bits, q.device)
 
 
 @functools.lru_cache(maxsize=None)
