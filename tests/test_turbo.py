@@ -148,6 +148,43 @@ def test_packed_form_is_the_oracle_encoding(d, bits, rows, dtype, rescale, poiso
     assert rel <= 2 ** -10  # one fp16 step at most
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_codebook_search_is_bucketize_at_and_between_the_boundaries(bits, dtype):
+    """The packed form's binary search (table loads) against ``torch.bucketize``: every boundary, its
+    neighbours one ulp away, points between, ±inf and NaN (code 0, as the oracle's bucketize)."""
+    from turboquant.quant.codebooks import codebook_boundaries
+    from turboquant.quant.turbo import _codebook_search
+
+    bounds = codebook_boundaries(128, bits).to(dtype)
+    up, down = torch.nextafter(bounds, bounds + 1), torch.nextafter(bounds, bounds - 1)
+    mid = (bounds[1:] + bounds[:-1]) / 2
+    v = torch.cat([bounds, up, down, mid, torch.tensor([float("inf"), -float("inf"), 0.0, 1e30, -1e30], dtype=dtype)])
+    got = _codebook_search(v, bounds)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), torch.bucketize(v, bounds))
+    assert int(_codebook_search(torch.tensor([float("nan")], dtype=dtype), bounds)) == 0
+    with pytest.raises(ValueError, match="2\\^bits - 1"):
+        _codebook_search(v, torch.cat([bounds, bounds[-1:] + 1]))
+
+
+@pytest.mark.parametrize("bits,d", [(2, 128), (3, 128), (4, 128), (3, 64)])
+def test_compiled_packed_form_is_its_eager_encoding(bits, d):
+    """The packed form through Inductor (its C++ backend here; the GPU's Triton schedule compiles the
+    same graph): the search's and the rescale's table constants read by computed index give the eager
+    codes, and the norm up to a sum's order."""
+    from turboquant.quant.turbo import turbo_quantize_packed
+
+    torch._dynamo.reset()
+    x = (torch.randn(9, 8, d, generator=torch.Generator().manual_seed(bits * d)) * 3).to(torch.bfloat16)
+    x[2, 3, 7] = float("nan")
+    x[4, 0, 1] = float("-inf")
+    eager = turbo_quantize_packed(x, bits, 0, torch.float16)
+    compiled = torch.compile(turbo_quantize_packed, fullgraph=True)(x, bits, 0, torch.float16)
+    assert torch.equal(compiled[0], eager[0])
+    assert ((compiled[1].float() - eager[1].float()).abs() / eager[1].float().clamp_min(1e-30)).max() <= 2 ** -10
+
+
 def test_packed_form_refuses_eight_bits():
     from turboquant.quant.turbo import turbo_quantize_packed
 

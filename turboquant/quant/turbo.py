@@ -129,11 +129,13 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     cache row after the rotation's kernel (2, 3 and 4 bits; for a power-of-two head_dim the row's
     norm is taken in that kernel too).
 
-    The codes come out in the packed row's iteration space (:func:`~.packing.byte_sources`), the
-    codebook search is comparisons with the boundaries and the centroid lookup a select over the
-    centroids, all as literals: no table is a tensor the compiled step would copy first. The codes
-    are :func:`turbo_quantize`'s; the stored norm differs by rounding only (the decoded norm sums
-    in another order).
+    The codes come out in the packed row's iteration space (:func:`~.packing.byte_sources`). The
+    codebook search (:func:`_codebook_search`) and the rescale's lookup of squared centroids read two
+    small tables by computed index: graph constants that Inductor loads inside the fused kernel (a
+    constant read by pointwise loads is not copied first). As chains of comparisons and selects they
+    had made Inductor's codegen of one write 2–3× slower, the bulk of a turbo model's compile time
+    (docs/design.md). The codes are :func:`turbo_quantize`'s; the stored norm differs by rounding
+    only (the decoded norm sums in another order).
     """
     if bits > 4:
         raise ValueError(f"bits={bits}: the packed form serves 2, 3 and 4 bits (8-bit codes are bytes already)")
@@ -149,17 +151,33 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
     bounds, cents = _codebook_numbers(d, bits, xw.dtype)
-    # bucketize's code (ties to the lower): the number of boundaries strictly below
-    codes = [sum((v > b).to(torch.int32) for b in bounds) for v in slots]
+    bounds_table = torch.tensor(bounds, dtype=xw.dtype, device=x.device)
+    codes = [_codebook_search(v, bounds_table) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
+        # the levels are fp16 numbers: a Python float squares them exactly, and one rounding to xw's
+        # dtype is the ``y * y`` eager code computes there
+        squares = torch.tensor([c * c for c in cents], dtype=xw.dtype, device=x.device)
         y2 = 0
         for own, c in zip(owners, codes):
-            y = functools.reduce(lambda acc, k: torch.where(c == k, cents[k], acc), range(1, len(cents)),
-                                 torch.full_like(c, cents[0], dtype=xw.dtype))
-            y2 = y2 + torch.where(own, y * y, 0.0)
+            y2 = y2 + torch.where(own, squares[c], 0.0)
         y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
     return pack_sources(codes, bits), to_metadata(norm, metadata_dtype)
+
+
+def _codebook_search(v: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """``torch.bucketize(v, bounds)`` (ties to the lower code: the number of boundaries strictly below
+    ``v``; NaN gives 0) as int32, for ``2^bits − 1`` sorted boundaries: a binary search of ``bits``
+    comparisons, each with the boundary a table load picks. Compiled, that is ``bits`` loads and
+    comparisons per code where a comparison with every boundary was ``2^bits − 1``, and Inductor's
+    bucketize lowering needs its boundaries as a buffer of their own (a copy kernel per call)."""
+    bits = (len(bounds) + 1).bit_length() - 1
+    if len(bounds) != (1 << bits) - 1:
+        raise ValueError(f"{len(bounds)} boundaries: a binary search takes 2^bits - 1 of them")
+    code = torch.zeros_like(v, dtype=torch.int32)
+    for step in (1 << b for b in reversed(range(bits))):
+        code = code + (v > bounds[code + (step - 1)]).to(torch.int32) * step
+    return code
 
 
 def turbo_dequantize(codes: torch.Tensor, meta: torch.Tensor, bits: int, seed: int,
