@@ -150,3 +150,21 @@ def test_decode_sass_counts_the_loop_of_the_kernel_compiled_for_sm90(tmp_path):
     assert float(rows[True]["per_key"]) < float(rows[False]["per_key"])
     sts = {lut: int(dict(x.split(":") for x in r["opcodes"].split()).get("STS", 0)) for lut, r in rows.items()}
     assert sts[True] < 8 < sts[False]
+
+
+def test_compile_codegen_benchmark_smoke(tmp_path):
+    """``benchmarks/compile_codegen.py`` on one layer (CPU): a row per setting from a child process,
+    the quantized model's schedule with no fewer Triton kernels than bf16's, and the CSV."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "compile_codegen.py"
+    spec = importlib.util.spec_from_file_location("compile_codegen", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "codegen.csv"
+    assert bench.main(["--layers", "1", "--context", "16", "--settings", "bf16", "turbo-2", "--out", str(out)]) == 0
+    rows = {r["setting"]: r for r in csv.DictReader(open(out))}
+    assert set(rows) == {"bf16", "turbo-2"} and float(rows["bf16"]["vs_bf16"]) == 1.0
+    assert all(float(r["codegen_s"]) > 0 for r in rows.values())
+    assert int(rows["turbo-2"]["triton_kernels"]) >= int(rows["bf16"]["triton_kernels"]) > 0
