@@ -1,5 +1,7 @@
 """QuantizedCacheTensor: writes quantize exactly like the oracle, reads attend like the oracle."""
 
+import contextlib
+import math
 import re
 
 import pytest
@@ -9,7 +11,7 @@ import torch.nn.functional as F
 from turboquant import KVQuantConfig, quantize_kv, reference_attention
 from turboquant.quant.packing import unpack_codes
 from turboquant.cache import QuantizedCacheTensor, UnsupportedCacheOperation
-from turboquant.compat import exact_casts, run_and_get_code
+from turboquant.compat import exact_casts, run_and_get_code, triton_schedule_runs_on_cpu
 
 CFGS = [KVQuantConfig(bits=4), KVQuantConfig(method="turbo", bits=3), KVQuantConfig(bits=8, group_size=32)]
 
@@ -172,8 +174,21 @@ def test_compiled_decode_step_writes_only_the_new_token():
     assert int((got - want).abs().max()) <= 1 and float((got != want).float().mean()) < 0.02
 
 
+# "cpu-triton": the kernels a GPU gets (Inductor's Triton schedule, the packed forms), run by the Triton
+# interpreter on CPU tensors (compat.triton_schedule_runs_on_cpu)
+_WRITE_DEVICES = ["cpu", "cpu-triton", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _compiled_on(device):
+    """(tensor device, rows per head, context) of a compiled write on ``device`` of :data:`_WRITE_DEVICES`
+    (the interpreter runs a program's block as numpy arrays: fewer rows keep it to seconds)."""
+    if device == "cpu-triton":
+        return "cpu", 37, triton_schedule_runs_on_cpu()
+    return device, 301, contextlib.nullcontext()
+
+
 @pytest.mark.usefixtures("fresh_dynamo")  # else Dynamo makes `spec.bits` of the closure dynamic after recompiles
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", _WRITE_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bits, dtype, device):
@@ -183,11 +198,12 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
     fp16 step low for half the tokens and compiled generation parted from eager.)"""
     from turboquant.cache import _encode_rows
 
-    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(5)) * 3).to(dtype).to(device)
+    device, rows, context = _compiled_on(device)
+    x = (torch.randn(3, 2, rows, 64, generator=torch.Generator().manual_seed(5)) * 3).to(dtype).to(device)
     x[0, 0, 0, 0] = float("nan")
     spec = KVQuantConfig(bits=bits).spec("k")
     want = _encode_rows(x.cpu(), spec)
-    with exact_casts():
+    with exact_casts(), context:
         got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     codes, meta = _expected_rows(x.cpu(), KVQuantConfig(bits=bits))
@@ -195,7 +211,7 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", _WRITE_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_compiled_turbo_quantize_on_write_is_the_eager_encoding(bits, dtype, device):
@@ -204,11 +220,13 @@ def test_compiled_turbo_quantize_on_write_is_the_eager_encoding(bits, dtype, dev
     the stored norm differs at most by the rounding of the norm's own sum (one fp16 step)."""
     from turboquant.cache import _encode_rows
 
-    x = (torch.randn(3, 2, 301, 64, generator=torch.Generator().manual_seed(7)) * 3).to(dtype).to(device)
+    device, rows, context = _compiled_on(device)
+    x = (torch.randn(3, 2, rows, 64, generator=torch.Generator().manual_seed(7)) * 3).to(dtype).to(device)
     x[0, 0, 0, 0] = float("nan")
     spec = KVQuantConfig(bits=bits, method="turbo").spec("k")
     want = _encode_rows(x.cpu(), spec)
-    got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
+    with context:
+        got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
     assert torch.equal(got[0].cpu(), want[0])
     rel = ((got[1].cpu().float() - want[1].float()).abs() / want[1].float().clamp_min(1e-30)).max()
     assert rel <= 2 ** -10
@@ -227,3 +245,22 @@ def test_attention_over_the_cache_builds_no_autograd_graph():
     assert out.grad_fn is None and not out.requires_grad
     ref = reference_attention(q.detach(), quantize_kv(k, cfg), quantize_kv(v, cfg, role="v"))
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_triton_schedule_on_cpu_rounds_and_takes_roots_as_the_gpu():
+    """The interpreter's stand-ins for libdevice (what Inductor's kernels call for ``round`` and
+    ``sqrt``): half to even, exact roots, ±inf and NaN through; an unknown function is named."""
+    from turboquant.templates.interpreter_libdevice import InterpreterLibdevice
+
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.4999998, 1e30, float("inf"), -float("inf"), float("nan"),
+                      3.0, 0.0, 7.25])
+    with triton_schedule_runs_on_cpu():
+        # float64 roots: Inductor calls libdevice.sqrt there (float32 ones it writes as tl.sqrt)
+        got = torch.compile(lambda t: (torch.round(t), torch.sqrt(t.abs().double())), fullgraph=True)(x)
+    assert torch.allclose(got[0], torch.round(x), rtol=0, atol=0, equal_nan=True)
+    # against math.sqrt: torch's own CPU float64 sqrt is one ulp off at 0.5 and 2.0 (torch 2.13)
+    roots = torch.tensor([math.sqrt(v) if v == v else v for v in x.abs().double().tolist()], dtype=torch.float64)
+    assert torch.allclose(got[1], roots, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(NotImplementedError, match="libdevice.erfcx .*nearbyint"):
+        InterpreterLibdevice().erfcx

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
-           "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "schedules_with_triton",
+           "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "triton_schedule_runs_on_cpu",
+           "schedules_with_triton",
            "current_raw_stream", "custom_graph_pass_base", "source_hash", "wrap_aot_subclass_unwrap"]
 
 
@@ -87,6 +88,18 @@ def mark_static_address(t: torch.Tensor) -> None:
     torch._dynamo.mark_static_address(t)
 
 
+def _triton_schedule_on_cpu(stack) -> None:
+    """Patches under which Inductor schedules CPU tensors with its Triton backend on a machine without
+    a Triton device: ``cpu_backend="triton"``, no FX graph cache, Triton's backend queries answered."""
+    from unittest import mock
+
+    import torch.utils._triton as triton_utils
+
+    stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False))
+    stack.enter_context(mock.patch.object(triton_utils, "triton_hash_with_backend", lambda: "cpu-schedule"))
+    stack.enter_context(mock.patch.object(triton_utils, "triton_backend", lambda: None))
+
+
 def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
     """The wrapper source that Inductor's Triton backend generates for ``fn(*args)`` on CPU tensors.
 
@@ -98,7 +111,6 @@ def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
     import contextlib
     from unittest import mock
 
-    import torch.utils._triton as triton_utils
     from torch._inductor import async_compile, codecache
 
     caught = []
@@ -113,9 +125,7 @@ def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
         return load(cls, key, path, *a, **k)
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False))
-        stack.enter_context(mock.patch.object(triton_utils, "triton_hash_with_backend", lambda: "codegen-only"))
-        stack.enter_context(mock.patch.object(triton_utils, "triton_backend", lambda: None))
+        _triton_schedule_on_cpu(stack)
         stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton", lambda self, *a, **k: None))
         stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(catch)))
         try:
@@ -126,6 +136,98 @@ def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
     if not caught:
         raise RuntimeError("turboquant: the call compiled no new graph (it was cached or ran eagerly)")
     return caught[-1]
+
+
+class _InterpretedLaunch:
+    """What Inductor's wrapper calls a Triton kernel through (``kernel.run(*args, stream=...)``), for a
+    kernel the Triton interpreter runs: one config chosen here in place of autotuning (blocks as large
+    as the interpreter runs fast: it runs a program's block as numpy arrays), the grid over x (and y)."""
+
+    def __init__(self, fn):
+        import inspect
+
+        self.fn = fn
+        params = inspect.signature(fn.fn).parameters
+        self.runtime = [n for n, p in params.items() if "constexpr" not in str(p.annotation)]
+        self.blocks = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+
+    def run(self, *args, stream=None, **kwargs):
+        import triton
+
+        numel = dict(zip(self.runtime, args))
+        pow2 = lambda n, cap: triton.next_power_of_2(max(1, min(int(n), cap)))  # noqa: E731
+        cfg = {}
+        if "R0_BLOCK" in self.blocks:  # a looped reduction
+            cfg["R0_BLOCK"] = pow2(numel.get("r0_numel", 1), 256)
+        if "YBLOCK" in self.blocks:  # a 2-D tiled pointwise kernel
+            cfg["YBLOCK"] = pow2(numel.get("ynumel", 1), 32)
+        if "XBLOCK" in self.blocks:
+            cfg["XBLOCK"] = pow2(numel.get("xnumel", 1), 1024 if "R0_BLOCK" not in cfg and "YBLOCK" not in cfg else 32)
+        grid = (triton.cdiv(int(numel.get("xnumel", 1)), cfg.get("XBLOCK", 1)),
+                triton.cdiv(int(numel.get("ynumel", 1)), cfg.get("YBLOCK", 1)))
+        self.fn[grid](*args, **cfg)
+
+
+def triton_schedule_runs_on_cpu():
+    """Context in which ``torch.compile`` on CPU tensors runs Inductor's **Triton** kernels through the
+    Triton interpreter (``TRITON_INTERPRET=1`` before Triton is first imported; no GPU needed).
+
+    The scheduling, fusion and kernel source are what a GPU gets (the rules of
+    :func:`triton_wrapper_code_on_cpu`); the kernels then run under the interpreter with one block
+    configuration instead of autotuned ones. For tests of the numbers a CUDA graph's generated kernels
+    compute (the cache writes' fused expressions), on a machine without a GPU. ``libdevice`` calls go
+    to :mod:`turboquant.templates.interpreter_libdevice`. Not covered: looped reductions (a runtime
+    bound of ``range``, which numpy 2.4 refuses as the interpreter hands it over; a cache write's
+    reductions are over one row, persistent) and kernel kinds other than pointwise and reductions."""
+    import contextlib
+    import importlib.util
+    import os
+    import tempfile
+    import types
+    from unittest import mock
+
+    from torch._inductor import async_compile, codecache
+    from torch._inductor.runtime import triton_heuristics
+
+    from .templates.interpreter_libdevice import InterpreterLibdevice
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton_schedule_runs_on_cpu needs TRITON_INTERPRET=1 set before Triton is imported")
+    folder = tempfile.mkdtemp(prefix="tq_triton_on_cpu_")
+
+    def kernel(self, name, src, *args, **kwargs):
+        # from a file: Triton's JIT reads the kernel's source back through inspect
+        path = os.path.join(folder, f"k{len(os.listdir(folder))}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        spec = importlib.util.spec_from_file_location(f"tq_triton_on_cpu_{os.path.basename(path)[:-3]}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if hasattr(module, "libdevice"):  # its functions resolve on GPU backends only
+            module.libdevice = InterpreterLibdevice()
+        return getattr(module, name)
+
+    load = codecache.PyCodeCache.load_by_key_path.__func__
+
+    def load_wrapper(cls, key, path, *args, **kwargs):
+        with open(path) as f:
+            src = f.read()
+        if "def call(" not in src:
+            return load(cls, key, path, *args, **kwargs)
+        module = types.ModuleType(f"tq_triton_on_cpu_{key}")
+        module.__file__ = path
+        exec(compile(src, path, "exec"), module.__dict__)
+        for name, value in (kwargs.get("attrs", args[1] if len(args) > 1 else None) or {}).items():  # the graph's constants, as the loader sets them
+            setattr(module, name, value)
+        return module
+
+    stack = contextlib.ExitStack()
+    _triton_schedule_on_cpu(stack)
+    stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton", kernel))
+    stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(load_wrapper)))
+    for kind in ("pointwise", "reduction", "persistent_reduction"):
+        stack.enter_context(mock.patch.object(triton_heuristics, kind, lambda *a, **k: _InterpretedLaunch))
+    return stack
 
 
 def schedules_with_triton(t: torch.Tensor) -> bool:

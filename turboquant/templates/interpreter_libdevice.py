@@ -1,0 +1,40 @@
+"""``libdevice`` functions for kernels that the Triton interpreter runs on the CPU.
+
+Inductor's generated Triton kernels call ``libdevice.<name>``, whose functions are declarations that
+only a GPU backend resolves: under ``TRITON_INTERPRET=1`` they return None. This module gives the
+ones turboquant's cache writes need, written in ``tl`` terms (see
+``compat.triton_schedule_runs_on_cpu``). Any other name fails with the list of those it has.
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = ["InterpreterLibdevice"]
+
+
+@triton.jit
+def nearbyint(x):
+    # round half to even, as the GPU's rint (the current rounding mode)
+    r = tl.floor(x)
+    d = x - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def sqrt(x):
+    # libdevice's sqrt is correctly rounded (fp32 with nvcc's default -prec-sqrt=true, and fp64);
+    # the interpreter's tl.sqrt is numpy's, correctly rounded in both
+    return tl.sqrt(x)
+
+
+class InterpreterLibdevice:
+    """Stands in for a kernel module's ``libdevice``."""
+
+    _FNS = {"nearbyint": nearbyint, "rint": nearbyint, "sqrt": sqrt}
+
+    def __getattr__(self, name):
+        if name in self._FNS:
+            return self._FNS[name]
+        raise NotImplementedError(f"libdevice.{name} has no interpreter version in "
+                                  f"turboquant.templates.interpreter_libdevice (has: {', '.join(sorted(self._FNS))})")
