@@ -88,16 +88,32 @@ def mark_static_address(t: torch.Tensor) -> None:
     torch._dynamo.mark_static_address(t)
 
 
-def _triton_schedule_on_cpu(stack) -> None:
-    """Patches under which Inductor schedules CPU tensors with its Triton backend on a machine without
-    a Triton device: ``cpu_backend="triton"``, no FX graph cache, Triton's backend queries answered."""
+def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
+    """Patches (entered on ``stack``) under which Inductor schedules CPU tensors with its Triton backend
+    on a machine without a Triton device: ``cpu_backend="triton"``, no FX graph cache, Triton's backend
+    queries answered. ``kernel(name, source)`` stands in for compiling a kernel; ``wrapper(source,
+    path, attrs)`` for loading the wrapper module (the one with ``call``; ``attrs``: the graph's
+    constants, which the loader sets on it)."""
     from unittest import mock
 
     import torch.utils._triton as triton_utils
+    from torch._inductor import async_compile, codecache
+
+    load = codecache.PyCodeCache.load_by_key_path.__func__
+
+    def load_hooked(cls, key, path, *args, **kwargs):
+        with open(path) as f:
+            src = f.read()
+        if "def call(" not in src:
+            return load(cls, key, path, *args, **kwargs)
+        return wrapper(src, path, kwargs.get("attrs", args[1] if len(args) > 1 else None) or {})
 
     stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False))
     stack.enter_context(mock.patch.object(triton_utils, "triton_hash_with_backend", lambda: "cpu-schedule"))
     stack.enter_context(mock.patch.object(triton_utils, "triton_backend", lambda: None))
+    stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton",
+                                          lambda self, name, src, *a, **k: kernel(name, src)))
+    stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(load_hooked)))
 
 
 def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
@@ -109,25 +125,15 @@ def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:
     without one (the same scheduler and fusion rules; device-specific tuning aside).
     """
     import contextlib
-    from unittest import mock
-
-    from torch._inductor import async_compile, codecache
 
     caught = []
-    load = codecache.PyCodeCache.load_by_key_path.__func__
 
-    def catch(cls, key, path, *a, **k):
-        with open(path) as f:
-            src = f.read()
-        if "def call(" in src:
-            caught.append(src)
-            raise RuntimeError("turboquant: wrapper source caught (codegen only)")
-        return load(cls, key, path, *a, **k)
+    def catch(src, path, attrs):
+        caught.append(src)
+        raise RuntimeError("turboquant: wrapper source caught (codegen only)")
 
     with contextlib.ExitStack() as stack:
-        _triton_schedule_on_cpu(stack)
-        stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton", lambda self, *a, **k: None))
-        stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(catch)))
+        _triton_schedule_on_cpu(stack, lambda name, src: None, catch)
         try:
             fn(*args, **kwargs)
         except Exception:
@@ -154,17 +160,17 @@ class _InterpretedLaunch:
     def run(self, *args, stream=None, **kwargs):
         import triton
 
-        numel = dict(zip(self.runtime, args))
-        pow2 = lambda n, cap: triton.next_power_of_2(max(1, min(int(n), cap)))  # noqa: E731
+        numel = {n: int(v) for n, v in zip(self.runtime, args) if n.endswith("numel")}
+        pow2 = lambda n, cap: triton.next_power_of_2(max(1, min(n, cap)))  # noqa: E731
         cfg = {}
         if "R0_BLOCK" in self.blocks:  # a looped reduction
             cfg["R0_BLOCK"] = pow2(numel.get("r0_numel", 1), 256)
         if "YBLOCK" in self.blocks:  # a 2-D tiled pointwise kernel
             cfg["YBLOCK"] = pow2(numel.get("ynumel", 1), 32)
-        if "XBLOCK" in self.blocks:
-            cfg["XBLOCK"] = pow2(numel.get("xnumel", 1), 1024 if "R0_BLOCK" not in cfg and "YBLOCK" not in cfg else 32)
-        grid = (triton.cdiv(int(numel.get("xnumel", 1)), cfg.get("XBLOCK", 1)),
-                triton.cdiv(int(numel.get("ynumel", 1)), cfg.get("YBLOCK", 1)))
+        if "XBLOCK" in self.blocks:  # rows of a 2-D block stay few; a 1-D block takes up to 1024
+            cfg["XBLOCK"] = pow2(numel.get("xnumel", 1), 32 if cfg else 1024)
+        grid = (triton.cdiv(numel.get("xnumel", 1), cfg.get("XBLOCK", 1)),
+                triton.cdiv(numel.get("ynumel", 1), cfg.get("YBLOCK", 1)))
         self.fn[grid](*args, **cfg)
 
 
@@ -181,23 +187,23 @@ def triton_schedule_runs_on_cpu():
     reductions are over one row, persistent) and kernel kinds other than pointwise and reductions."""
     import contextlib
     import importlib.util
+    import itertools
     import os
     import tempfile
     import types
     from unittest import mock
 
-    from torch._inductor import async_compile, codecache
     from torch._inductor.runtime import triton_heuristics
 
     from .templates.interpreter_libdevice import InterpreterLibdevice
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("triton_schedule_runs_on_cpu needs TRITON_INTERPRET=1 set before Triton is imported")
-    folder = tempfile.mkdtemp(prefix="tq_triton_on_cpu_")
+    folder, numbers = tempfile.mkdtemp(prefix="tq_triton_on_cpu_"), itertools.count()
 
-    def kernel(self, name, src, *args, **kwargs):
+    def kernel(name, src):
         # from a file: Triton's JIT reads the kernel's source back through inspect
-        path = os.path.join(folder, f"k{len(os.listdir(folder))}.py")
+        path = os.path.join(folder, f"k{next(numbers)}.py")
         with open(path, "w") as f:
             f.write(src)
         spec = importlib.util.spec_from_file_location(f"tq_triton_on_cpu_{os.path.basename(path)[:-3]}", path)
@@ -207,24 +213,16 @@ def triton_schedule_runs_on_cpu():
             module.libdevice = InterpreterLibdevice()
         return getattr(module, name)
 
-    load = codecache.PyCodeCache.load_by_key_path.__func__
-
-    def load_wrapper(cls, key, path, *args, **kwargs):
-        with open(path) as f:
-            src = f.read()
-        if "def call(" not in src:
-            return load(cls, key, path, *args, **kwargs)
-        module = types.ModuleType(f"tq_triton_on_cpu_{key}")
+    def wrapper(src, path, attrs):
+        module = types.ModuleType(f"tq_triton_on_cpu_{os.path.basename(path)[:-3]}")
         module.__file__ = path
         exec(compile(src, path, "exec"), module.__dict__)
-        for name, value in (kwargs.get("attrs", args[1] if len(args) > 1 else None) or {}).items():  # the graph's constants, as the loader sets them
+        for name, value in attrs.items():
             setattr(module, name, value)
         return module
 
     stack = contextlib.ExitStack()
-    _triton_schedule_on_cpu(stack)
-    stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton", kernel))
-    stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(load_wrapper)))
+    _triton_schedule_on_cpu(stack, kernel, wrapper)
     for kind in ("pointwise", "reduction", "persistent_reduction"):
         stack.enter_context(mock.patch.object(triton_heuristics, kind, lambda *a, **k: _InterpretedLaunch))
     return stack
