@@ -26,7 +26,9 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
     rebuilt from Python numbers and becomes a constant of the compiled graph.
     """
     if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
-        return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype)
+        # computed on (× 1, exact): two constant results used as they are make AOTAutograd see one
+        # source ("_graph_constant") lifted twice
+        return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype) * 1
     table = _cpu_table(table_fn, key)
     if tracing_with_fake_tensors():
         return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)

@@ -23,7 +23,7 @@ import torch
 
 from ..compat import tracing_with_fake_tensors
 from .affine import _finite, to_metadata
-from .constants import as_constant, as_literals
+from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import is_power_of_two, rotation_matrix, signed_hadamard, signed_hadamard_from_index
@@ -43,10 +43,6 @@ def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> t
 
     The Lloyd–Max levels rounded to fp16 (:func:`_fp16_levels`), so every dtype that holds them (the
     float64 oracle, the kernels' fp16 and fp32 tables) holds the same numbers."""
-    if torch.compiler.is_dynamo_compiling():
-        # a graph computes on its codebook constant (× 1, exact): two tables taken as constant
-        # results directly (the bounds, the centroids) make AOTAutograd see one source lifted twice
-        return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype) * 1.0
     return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype)
 
 
@@ -116,11 +112,10 @@ def _unit_scale(sum_sq: torch.Tensor, d: int):
     return length * d ** -0.5, torch.where(length > 0, d ** 0.5 / length, torch.zeros_like(length))
 
 
-@as_literals  # a compiled function calling the packed form gets them as literals too
-def _codebook_numbers(d: int, bits: int, dtype: torch.dtype) -> tuple:
-    """(boundaries, centroids / √d) as Python floats exactly equal to the tensors
-    :func:`turbo_quantize` compares with and looks up in ``dtype``."""
-    return tuple(codebook_boundaries(d, bits).to(dtype).tolist()), tuple(_fp16_levels(d, bits).to(dtype).tolist())
+def _squared_levels(d: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The squares of the levels as held in ``dtype``, in float64: exact (fp16 numbers squared), so one
+    rounding to ``dtype`` is the ``y * y`` that eager code computes there."""
+    return _fp16_levels(d, bits).to(dtype).double() ** 2
 
 
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
@@ -150,13 +145,10 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     else:
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
-    bounds, cents = _codebook_numbers(d, bits, xw.dtype)
-    bounds_table = torch.tensor(bounds, dtype=xw.dtype, device=x.device)
-    codes = [_codebook_search(v, bounds_table) for v in slots]
+    bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
+    codes = [_codebook_search(v, bounds) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
-        # the levels are fp16 numbers: a Python float squares them exactly, and one rounding to xw's
-        # dtype is the ``y * y`` eager code computes there
-        squares = torch.tensor([c * c for c in cents], dtype=xw.dtype, device=x.device)
+        squares = as_constant(_squared_levels, d, bits, xw.dtype, device=x.device, dtype=xw.dtype)
         y2 = 0
         for own, c in zip(owners, codes):
             y2 = y2 + torch.where(own, squares[c], 0.0)
