@@ -53,7 +53,8 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
     plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
                          da._tuning(use_asm=True, **tuning), True)
     names = da._decode_split_kernel.arg_names
-    args = [q, codes, meta, codes, meta] + [q] * 8 + list(plan.split.tail)
+    tables = [q if t is None else t for t in plan.tables]  # the centroid and rotation tables' dtypes shape the code
+    args = [q, codes, meta, codes, meta] + tables + [q] * 4 + list(plan.split.tail)
     first_const = names.index("HKV")
     if plan.split.options["num_warps"] == 1:  # on the GPU one-warp programs take their bound as an argument
         args[names.index("FIXED_BLOCKS")] = 0  # (the CPU tensors here made the interpreter's constant)
