@@ -176,7 +176,7 @@ def test_register_lut_defaults_where_it_was_faster():
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
-            assert one_warp == (S == 4096 and bits in (2, 3))
+            assert one_warp == (S == 4096 and bits in (2, 3, 4))
             assert (default["K_LUT_WORDS"] != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
             assert default["V_LUT_WORDS"] == default["K_LUT_WORDS"]
             on, off = (_plan_options(cfg, S, register_lut=flag)[1] for flag in (True, False))
@@ -367,13 +367,14 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     ("affine", 4, 2048, 1, 1, 64), ("affine", 3, 32768, 1, 1, 64), ("affine", 2, 8192, 2, 1, 64),
     ("affine", 8, 4096, 1, 1, 32), ("turbo", 3, 2048, 1, 1, 64), ("turbo", 2, 9000, 1, 1, 64),
     ("affine", 4, 2047, 1, 4, 128),   # short caches: a split is mostly the program's fixed work
-    ("turbo", 4, 32768, 1, 4, 128),   # the centroid gather ran as fast with one warp, turbo 8-bit slower
+    ("turbo", 4, 32768, 1, 1, 64),    # its centroids gathered by shuffles: 247.6 µs against 264.6 (H200)
+    ("turbo", 8, 32768, 1, 4, 64),    # 256 entries: a shared-memory gather, four warps (one: 1450 against 410)
     ("affine", 4, 32768, 8, 4, 128),  # 32 query rows: accumulators too large for one warp
 ])
 def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L)
     assert options["num_warps"] == warps and consts["BLOCK_N"] == block_n
-    assert options["num_stages"] == 3 or warps == 4
+    assert options["num_stages"] == 3
     if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups
         groups = 16 // (4 * L) if method == "affine" and bits != 8 else 1
         assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
@@ -399,7 +400,7 @@ def test_one_warp_splits_fill_one_wave_at_any_length(S, B):
     # splits into one wave's worth (a power-of-two split had made 32800 keys 17 splits on the H200,
     # a second wave; 132 µs against 85); four-warp programs keep power-of-two splits
     hkv, wave = 8, 8 * 4  # the plan's programs_per_sm × the CPU's stand-in of 4 SMs
-    for cfg, warps in ((KVQuantConfig(method="affine", bits=4), 1), (KVQuantConfig(method="turbo", bits=4), 4)):
+    for cfg, warps in ((KVQuantConfig(method="affine", bits=4), 1), (KVQuantConfig(method="turbo", bits=8), 4)):
         options, consts = _plan_options(cfg, S, B=B)
         splits = _plan(cfg, S, B=B).split.grid[1]
         blocks = consts["FIXED_BLOCKS"]  # under the interpreter, the split's blocks as a constant
@@ -447,7 +448,8 @@ def test_rotated_walks_match_the_oracle(method, bits, L, mask, num_splits, group
     assert _rel(out, ref) < TOL
 
 
-@pytest.mark.parametrize("method, bits, warps", [("affine", 8, 1), ("affine", 4, 1), ("turbo", 2, 1), ("turbo", 4, 4)])
+@pytest.mark.parametrize("method, bits, warps", [("affine", 8, 1), ("affine", 4, 1), ("turbo", 2, 1), ("turbo", 4, 1),
+                                                ("turbo", 8, 4)])
 def test_one_warp_programs_rotate_their_walk(method, bits, warps):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), 32768)
     assert options["num_warps"] == warps and consts["ROTATE"] == (warps == 1)
@@ -483,7 +485,8 @@ def test_one_warp_rescales_where_the_running_max_rises(trend, bits, block_n, gro
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method, bits", [("affine", (4, 4)), ("affine", (3, 3)), ("affine", (2, 2)),
-                                          ("affine", (8, 8)), ("affine", (8, 4)), ("turbo", (3, 3)), ("turbo", (2, 3))])
+                                          ("affine", (8, 8)), ("affine", (8, 4)), ("turbo", (3, 3)), ("turbo", (2, 3)),
+                                          ("turbo", (4, 4))])
 @pytest.mark.parametrize("L", [1, 2])
 def test_one_warp_programs_on_a_long_cache(method, bits, L):
     # the defaults a long cache gets (one warp per program), odd length, padding mask, GQA 4

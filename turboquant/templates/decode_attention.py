@@ -117,8 +117,9 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     """Integer codes of plane ``S`` from the row words of :func:`_load_row_bytes`."""
     if BITS != 3:
-        # 8-bit codes are load offsets, int32 (H200: int16 ones ran turbo 8-bit 869 µs at 32K against
-        # 805); gather indices stay int16, two per register. The mask drops int16 sign bits.
+        # 8-bit codes widen to int32 (as load offsets of the former global-memory lookup, int16 ones
+        # ran turbo 8-bit 869 µs at 32K against 805, H200; not re-timed with the gather); ≤ 4-bit
+        # gather indices stay int16, two per register. The mask drops int16 sign bits.
         w = b0.to(tl.int32) if BITS == 8 else b0
         c = (w >> (BITS * S)) & ((1 << BITS) - 1)
     else:
@@ -345,15 +346,20 @@ def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
 
 @triton.jit
 def _lookup(lut_ptr, codes, BITS: tl.constexpr):
-    """Centroid values (fp16) of turbo ``codes``: a register gather for ≤ 16 entries (fp16 table),
-    else a cached load (fp32 table)."""
-    if BITS <= 4:
-        lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
-        src = tl.broadcast_to(lut[None, :], (codes.shape[0], 1 << BITS))
-        vals = tl.gather(src, codes, axis=1)
-    else:
-        vals = tl.load(lut_ptr + codes)
-    return vals.to(tl.float16)
+    """Centroid values (fp16) of turbo ``codes``, gathered from the fp16 table as one flat vector.
+
+    A 1-D ``tl.gather`` of four-warp programs lowers to loads from the table in shared memory (one
+    store of its 2^bits entries per call); a 16-entry table sits in 8 banks, so a warp's 32 lookups
+    are one conflict-free load. It replaced a global-memory gather for 8 bits (``LDGSTS`` per code,
+    the 256-entry table spread over L1 lines) and a ``tl.gather`` of the table broadcast to
+    ``[BLOCK_N, 2^bits]`` for ≤ 4 bits (a shared-memory store per code). H200, B=8, Hq=32, Hkv=8,
+    D=128, CUDA graph µs, before → after (nineteenth session, benchmarks/RESULTS.md): turbo 8-bit
+    812.6 → 410.2 at 32K (380.4 with three stages, now its default) and 30.16 → 25.51 at 1K; turbo
+    4-bit 288.2 → 264.6 and 17.25 → 16.88; turbo 3-bit one-warp 309.0 → 299.8 at 32K. One-warp
+    programs hold the table in the warp and gather by shuffles."""
+    lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
+    flat = tl.reshape(codes, [codes.shape[0] * codes.shape[1]])
+    return tl.reshape(tl.gather(lut, flat, axis=0), [codes.shape[0], codes.shape[1]]).to(tl.float16)
 
 
 @triton.constexpr_function
@@ -953,12 +959,14 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     ``decode_one_warp_threshold_session11.csv``; ``benchmarks/decode_attention.py --sweep`` sweeps the
     same parameters): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
     2-bit 146.4 → 90.9, 8-bit 173.1 → 159.1; turbo 3-bit 371.6 → 306.5 and 2-bit 327.6 → 269.3 (with
-    spills); turbo 4-bit 296.1 → 295.9 and 8-bit 806.9 → 857.3 keep four warps. At 1K every width
+    spills). Turbo 4-bit, with the centroid gather of :func:`_lookup`: 264.6 → 247.6 (2026-12-03,
+    ``benchmarks/results/decode_gather_session19/``); turbo 8-bit keeps four warps (410.2 → 1450: a
+    one-warp gather of 256 entries is shuffles and selects, not a shared-memory load). At 1K every width
     ran slower with one warp (affine 4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed
     work (the query planes, the epilogue), which one warp does alone. A tile of more than 16 rows (5–8
     query positions) keeps four warps: its accumulators would not fit one warp's registers."""
     return S >= LONG_CACHE_KEYS and rows <= 16 and all(
-        s.method == "affine" or s.bits in (2, 3) for s in (k_spec, v_spec))
+        s.method == "affine" or s.bits in (2, 3, 4) for s in (k_spec, v_spec))
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
@@ -1027,15 +1035,13 @@ def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
 
 
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
-    """The centroids turbo codes index (one copy per device): fp16 as the MMAs take them for the
-    gathered tables (≤ 4 bits; an fp32 table cost a conversion per code), fp32 for 8 bits (loaded
-    per code; with an fp16 table and int16 offsets turbo 8-bit ran 869 µs at 32K against 805, H200).
+    """The centroids turbo codes index (one copy per device): fp16, as the MMAs take them (the
+    levels are fp16 numbers, so the table is exact; an fp32 one cost a conversion per code and, for
+    8 bits, twice the shared memory and bank conflicts of :func:`_lookup`'s gather).
     None for affine, which reads no table (its codes are their own values; the call passes a
     placeholder pointer)."""
     if spec.method != "turbo":
         return None
-    if spec.bits > 4:
-        return turbo_centroids(d, spec.bits, device=q.device, dtype=torch.float32)
     return _centroids_fp16(d, spec.bits, q.device)
 
 
@@ -1140,11 +1146,10 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # (and short 3-bit affine caches, SHORT_AFFINE3_KEYS)
         block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short_affine3 else 128
     if num_stages is None:
-        # turbo 8-bit tiles take 162 KB of shared memory at 3 stages (one program per SM): 2 stages
-        # and 64 keys run 855 µs against 1616 at 32K (H200, 2026-12-01); 3 stages are best or equal
-        # everywhere else (affine 4-bit 116.7 against 159.9 at 2 stages and 145.4 at 4) but short
-        # 3-bit affine caches
-        num_stages = 2 if (any(_turbo8(s) for s in (k_spec, v_spec)) or short_affine3) and not one_warp else 3
+        # 3 stages are best or equal everywhere (affine 4-bit 116.7 against 159.9 at 2 stages and
+        # 145.4 at 4; turbo 8-bit 380.4 against 410.2 at 32K, equal at 1K, since its table moved to a
+        # shared-memory gather: H200, 2026-12-03) but short 3-bit affine caches
+        num_stages = 2 if short_affine3 and not one_warp else 3
     if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
