@@ -1036,8 +1036,9 @@ def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
 
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     """The centroids turbo codes index (one copy per device): fp16, as the MMAs take them (the
-    levels are fp16 numbers, so the table is exact; an fp32 one cost a conversion per code and, for
-    8 bits, twice the shared memory and bank conflicts of :func:`_lookup`'s gather).
+    levels are fp16 numbers, so the table is exact). An fp32 table cost a conversion per code for
+    ≤ 4 bits; for 8 bits it would also double the shared memory of :func:`_lookup`'s gather and its
+    bank conflicts (eight table words per bank instead of four; not timed).
     None for affine, which reads no table (its codes are their own values; the call passes a
     placeholder pointer)."""
     if spec.method != "turbo":
