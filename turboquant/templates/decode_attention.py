@@ -14,7 +14,7 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
-* turbo: codes index the 2^b centroids (``tl.gather``, or byte permutes from a table in the
+* turbo: codes index the 2^b centroids (a flat ``tl.gather``, or byte permutes from a table in the
   instructions for 2-bit codes and short 3-bit caches); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs; for a power-of-two head_dim the kernels read
   ``√d · R``, a signed Hadamard matrix, exact ±1 in fp16), norms scale the scores and the
@@ -279,8 +279,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 @triton.constexpr_function
 def _register_lut_asm(bits, words, s):
     """PTX for two turbo codes to their two fp16 centroids (``$0``) from a table held in the
-    instructions (``words``: :func:`_register_lut_words`), by byte permutes: no shared memory,
-    where ``tl.gather`` costs a shuffle and a shared-memory store per code. ``$1``: two int16 row
+    instructions (``words``: :func:`_register_lut_words`), by byte permutes: no shared memory, where
+    :func:`_lookup`'s gather costs a shared-memory load (four warps) or a shuffle (one warp) per
+    code. ``$1``: two int16 row
     words whose plane-``s`` fields are the codes (2/4-bit; cut out here, a permute, shift and AND
     per two codes against Triton's shift and AND per code), or for 3 bits two lanes of
     :func:`_field3_lanes` (the code in place at bit ``3s mod 8``).
@@ -330,7 +331,10 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     32K (one-warp programs; not explained: their loop has fewer instructions with the table, 57.3
     against 69.3 per key in sm_90 SASS); turbo 4-bit slower in both (287.5 → 342.3, 17.26 → 20.14:
     sixteen entries take six permutes and a select per two codes, 23.1 against 17.3 warp
-    instructions per key in sm_90 SASS)."""
+    instructions per key in sm_90 SASS). Those gather figures were the broadcast-table gather's;
+    against :func:`_lookup`'s flat gather (2026-12-03, ``benchmarks/results/decode_gather_session19/``)
+    the table still wins where it is on: 2-bit 247.1 → 121.5 at 32K and 20.25 → 15.59 at 1K, 3-bit
+    23.25 → 19.42 at 1K."""
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
 
 
