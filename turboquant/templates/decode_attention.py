@@ -1237,7 +1237,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``k_ring``/``v_ring [B, Hkv, W, D]`` and ``ring_pos [W]``: a residual window. The kernel skips
     the positions the ring holds; their dense attention is one more partial, merged by the
     splits' merge (log-sum-exp), so the ring never widens the kernel. ``num_warps``: warps per
-    program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3-bit;
+    program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3/4-bit;
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
     the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
     slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
@@ -1245,7 +1245,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``register_lut``: turbo codes of ≤ 4 bits looked up by byte
     permutes in a table held in registers (GPU; the interpreter keeps the gather) instead of by
-    ``tl.gather`` (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
+    :func:`_lookup`'s gather (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
