@@ -1167,7 +1167,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     # splits evenly into one wave (a power of two had left 32800 keys 17 splits, a second wave:
     # affine 4-bit 132.1 µs against 84.9 with the bound an argument, H200, B=8, Hkv=8; at 32768
     # 86.6 against 84.3). Four-warp programs keep a constant power of two (turbo 4-bit ran 5% slower
-    # at 32K with the argument), so a growing cache recompiles them only log2(S) times.
+    # at 32K with the argument, when it ran four-warp programs), so a growing cache recompiles them only
+    # log2(S) times.
     fixed_blocks = not one_warp
     if fixed_blocks:
         split_blocks = _pow2(split_blocks)
