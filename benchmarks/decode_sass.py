@@ -3,11 +3,13 @@
     python benchmarks/decode_sass.py turbo 2 --no-register-lut       # gather
     python benchmarks/decode_sass.py turbo 2 --register-lut          # centroids from registers
     python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
+    python benchmarks/decode_sass.py turbo 4 --S 1024 --no-plane-hadamard   # rotation read as a matrix
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
 call of this shape would get (B = 8, Hkv = 8, GQA 4, one query position, inside a CUDA graph),
 disassembles it with the ptxas/cuobjdump that ship with Triton, and counts the SASS instructions
-of the main loop (the longest backward branch): per key, and per opcode. No GPU is needed; the
+of the main loop (the longest backward branch): per key, and per opcode; and the whole kernel's
+count (the fixed work a short split pays: turbo's rotations, the stores). No GPU is needed; the
 counts are not timings (the design notes pair them with H200 timings where they have them).
 Prints the registers, spill stack and shared memory; writes the row as CSV (``decode_sass.csv``).
 """
@@ -32,8 +34,8 @@ from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
-COLUMNS = ["method", "bits", "S", "register_lut", "num_warps", "block_n", "registers", "stack", "shared",
-           "loop_instructions", "per_key", "opcodes"]
+COLUMNS = ["method", "bits", "S", "register_lut", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
+           "shared", "instructions", "loop_instructions", "per_key", "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
        torch.int32: "i32"}
 
@@ -110,19 +112,24 @@ def main(argv=None):
     p.add_argument("--row-groups", type=int)
     p.add_argument("--register-lut", action=argparse.BooleanOptionalAction, default=None,
                    help="turbo centroids from registers by byte permutes, or by tl.gather (default: the plan's)")
+    p.add_argument("--plane-hadamard", action=argparse.BooleanOptionalAction, default=True,
+                   help="turbo's Hadamard rotation plane by plane (default), or read as a matrix")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
     sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
                                                       block_n=a.block_n, row_groups=a.row_groups,
-                                                      register_lut=a.register_lut)
+                                                      register_lut=a.register_lut,
+                                                      plane_hadamard=a.plane_hadamard)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
     usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
     n, ops = loop_counts(sass)
+    total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     block_n = consts["BLOCK_N"]
     row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=consts["K_LUT_WORDS"] != "",
+               plane_hadamard=consts["K_PLANE_H"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
                stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),
                opcodes=" ".join(f"{k}:{v}" for k, v in ops.most_common()))

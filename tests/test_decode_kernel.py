@@ -100,6 +100,21 @@ def test_turbo_values_are_rotated_back_in_the_kernel(num_splits, D, v_scale):
     assert _rel(out, ref) < TOL
 
 
+@pytest.mark.parametrize("bits, D, g", [((4, 4), 64, 4), ((8, 2), 64, 1), ((3, 3), 32, 8), ((2, 4), 16, 4)])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_turbo_rotation_plane_by_plane_is_the_matrix_rotation(bits, D, g, num_splits):
+    """The Hadamard rotation made plane by plane (in-plane Sylvester matrix from indices, planes
+    mixed by butterflies, σ from the table's first row) gives the output of the rotation read as a
+    matrix, up to the rounding of the fp16 query; D = 16 and 32 pad planes past the head's dims
+    (8 planes of 2 and 4 dims in 16 columns). Mixed widths put keys and values through different
+    plane counts."""
+    args = dict(B=2, hkv=2, g=g, L=2, S=37, D=D, mask="padded", seed=D + bits[0], num_splits=num_splits)
+    planes, ref = _case("turbo", *bits, plane_hadamard=True, **args)
+    matrix, _ = _case("turbo", *bits, plane_hadamard=False, **args)
+    assert _rel(planes, matrix.double()) < 1e-4
+    assert _rel(planes, ref) < TOL
+
+
 def test_softcap_scale_bf16_and_length_one():
     out, ref = _case("affine", 8, 4, B=1, hkv=2, g=8, L=1, S=1, D=64, mask=None, seed=9, dtype=torch.bfloat16,
                      softcap=5.0, scale=0.3)
@@ -186,6 +201,25 @@ def test_register_lut_defaults_where_it_was_faster():
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=4, v_bits=2), 4096)[1]
     assert mixed["K_LUT_WORDS"] == "" and mixed["V_LUT_WORDS"] != ""
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True)[1]["K_LUT_WORDS"] == ""
+
+
+def test_plane_hadamard_defaults_where_it_was_faster():
+    # by default: 2- and 3-bit turbo codes at every split length, 4- and 8-bit ones on splits shorter
+    # than LONG_SPLIT_KEYS (the matrix read was faster on long splits, H200); never affine; keys and
+    # values chosen apart
+    from turboquant.templates import decode_attention as da
+
+    for bits in (2, 3, 4, 8):
+        spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
+        for split_keys in (64, 256, da.LONG_SPLIT_KEYS // 2, da.LONG_SPLIT_KEYS, 4096):
+            assert da._plane_hadamard(spec, split_keys) == (bits <= 3 or split_keys < da.LONG_SPLIT_KEYS)
+    for S, splits, expect in ((1024, None, True), (32768, 1, False)):
+        consts = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=4, v_bits=2), S, num_splits=splits)[1]
+        assert (consts["K_PLANE_H"], consts["V_PLANE_H"]) == (expect, True), S
+    for flag in (True, False):
+        consts = _plan_options(KVQuantConfig(method="turbo", bits=2), 1024, plane_hadamard=flag)[1]
+        assert consts["K_PLANE_H"] == consts["V_PLANE_H"] == flag
+    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024, plane_hadamard=True)[1]["K_PLANE_H"]
 
 
 def test_3bit_lane_permutes_put_each_code_in_place():

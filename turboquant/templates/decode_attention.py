@@ -74,9 +74,11 @@ SHORT_AFFINE3_KEYS = 1024
 # Keys per sequence from which a program is one warp (:func:`_one_warp_programs`).
 LONG_CACHE_KEYS = 2048
 
-# Keys per split from which one-warp affine tiles hold row groups (:func:`_row_groups`): shorter
-# splits ran 2–3% slower with them (H200, 4K context: 256 keys per split), 1024 and more faster.
-ROW_GROUP_SPLIT_KEYS = 1024
+# Keys per split from which a split's loop, not its fixed work, sets its time: one-warp affine tiles
+# hold row groups from here (:func:`_row_groups`; shorter splits ran 2–3% slower with them, H200, 4K
+# context: 256 keys per split, 1024 and more faster), and turbo 4/8-bit rotations read the matrix
+# (:func:`_plane_hadamard`).
+LONG_SPLIT_KEYS = 1024
 
 
 def _planes(bits: int) -> int:
@@ -424,6 +426,176 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         return (q.to(tl.float32) * SCALE).to(tl.float16)
 
 
+@triton.constexpr_function
+def _below(d, p):
+    """Columns of a plane that hold dims below ``d`` (``d / p``, the plane's width unpadded)."""
+    return -(-int(d) // int(p))
+
+
+@triton.jit
+def _sylvester(PW: tl.constexpr, zero):
+    """The Sylvester Hadamard matrix of order ``PW`` (fp16 ±1, ``[PW, PW]``): ``(−1)^popcount(i & j)``.
+    ``zero``: a run-time 0 the compiler cannot fold, so that the copy made after the loop is made
+    there and not kept alive through it (16 registers per thread at ``PW`` = 32 in one warp)."""
+    tl.static_assert(PW <= 256)
+    i = tl.arange(0, PW) + zero
+    p = i[:, None] & tl.arange(0, PW)[None, :]
+    p = p ^ (p >> 4)  # the parity of 8 bits folded into bit 0
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return (1 - 2 * (p & 1)).to(tl.float16)
+
+
+@triton.jit
+def _times_sylvester(x, h):
+    """``x @ h`` (fp32) for fp32 ``x`` and a ±1 :func:`_sylvester` ``h``: two fp16 MMAs on ``x``'s
+    halves, exact products, so fp32-accurate as the dense rotation's."""
+    x_hi, x_lo = _split_fp16(x)
+    return tl.dot(x_lo, h, tl.dot(x_hi, h))
+
+
+@triton.jit
+def _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr):
+    """The Hadamard transform of order ``P`` across planes (``y_s = Σ_s' (−1)^popcount(s & s') z_s'``):
+    ``log2 P`` butterfly stages of element-wise adds, no data movement."""
+    if P > 1:
+        z0, z1 = z0 + z1, z0 - z1
+    if P > 2:
+        z2, z3 = z2 + z3, z2 - z3
+        z0, z2 = z0 + z2, z0 - z2
+        z1, z3 = z1 + z3, z1 - z3
+    if P > 4:
+        z4, z5 = z4 + z5, z4 - z5
+        z6, z7 = z6 + z7, z6 - z7
+        z4, z6 = z4 + z6, z4 - z6
+        z5, z7 = z5 + z7, z5 - z7
+        z0, z4 = z0 + z4, z0 - z4
+        z1, z5 = z1 + z5, z1 - z5
+        z2, z6 = z2 + z6, z2 - z6
+        z3, z7 = z3 + z7, z3 - z7
+    return z0, z1, z2, z3, z4, z5, z6, z7
+
+
+@triton.jit
+def _signed_q_plane(q_row_ptr, row_ok, sign_ptr, h, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
+                    D: tl.constexpr):
+    """``(q ∘ σ)`` at dims ``P·t + S`` times the in-plane Hadamard matrix ``h``: plane ``S``'s share of
+    the rotation before the planes mix (:func:`_hadamard_q_planes`)."""
+    t = tl.arange(0, PW)
+    dim = t * P + S
+    ok = (dim < D) & (S < P)
+    x = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0).to(tl.float32)
+    sign = tl.load(sign_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    return _times_sylvester(x * sign[None, :], h)
+
+
+@triton.jit
+def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+    """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
+    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read.
+
+    Dim ``P·t + s`` splits into plane ``s`` and column ``t``, and Sylvester's ``H`` of order ``D`` into
+    ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (two MMAs of ``PW`` columns,
+    the matrix made from indices), then the planes mix by ``H_P`` in ``log2 P`` element-wise
+    butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
+    h = _sylvester(PW, 0)
+    z0 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 0, P, PW, D)
+    z1 = z0
+    z2 = z0
+    z3 = z0
+    z4 = z0
+    z5 = z0
+    z6 = z0
+    z7 = z0
+    if P > 1:
+        z1 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 1, P, PW, D)
+    if P > 2:
+        z2 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 2, P, PW, D)
+        z3 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 3, P, PW, D)
+    if P > 4:
+        z4 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 4, P, PW, D)
+        z5 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 5, P, PW, D)
+        z6 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 6, P, PW, D)
+        z7 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 7, P, PW, D)
+    z0, z1, z2, z3, z4, z5, z6, z7 = _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, P)
+    # a plane padded to 16 columns (D / P < 16) holds no dims past D / P: zeros there, as _q_plane's
+    k = tl.where(tl.arange(0, PW) < _below(D, P), _inv_sqrt(D), 0.0)[None, :]
+    return ((z0 * k).to(tl.float16), (z1 * k).to(tl.float16), (z2 * k).to(tl.float16), (z3 * k).to(tl.float16),
+            (z4 * k).to(tl.float16), (z5 * k).to(tl.float16), (z6 * k).to(tl.float16), (z7 * k).to(tl.float16))
+
+
+@triton.jit
+def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, zero, rot_ptr, row_ok, P: tl.constexpr,
+                         PW: tl.constexpr, D: tl.constexpr):
+    """Store ``(y R) · k`` for the rotated-domain planes ``a_s = c · y_s`` (rows scaled into fp16's range
+    by ``c``), ``R = H · diag(σ) / √D``: the planes meet ``H_PW``, mix by ``H_P``, and take ``σ``, as
+    :func:`_hadamard_q_planes` in reverse (``H`` is symmetric)."""
+    h = _sylvester(PW, zero)
+    t = tl.arange(0, PW)
+    live = (t < _below(D, P))[None, :]  # padding columns hold the lookups of zero codes
+    w0 = _times_sylvester(tl.where(live, a0 / c, 0.0), h)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    w4 = w0
+    w5 = w0
+    w6 = w0
+    w7 = w0
+    if P > 1:
+        w1 = _times_sylvester(tl.where(live, a1 / c, 0.0), h)
+    if P > 2:
+        w2 = _times_sylvester(tl.where(live, a2 / c, 0.0), h)
+        w3 = _times_sylvester(tl.where(live, a3 / c, 0.0), h)
+    if P > 4:
+        w4 = _times_sylvester(tl.where(live, a4 / c, 0.0), h)
+        w5 = _times_sylvester(tl.where(live, a5 / c, 0.0), h)
+        w6 = _times_sylvester(tl.where(live, a6 / c, 0.0), h)
+        w7 = _times_sylvester(tl.where(live, a7 / c, 0.0), h)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _planes_hadamard(w0, w1, w2, w3, w4, w5, w6, w7, P)
+    k = k * _inv_sqrt(D)
+    _store_signed_plane(row_ptr, w0 * k, rot_ptr, 0, P, PW, row_ok, D)
+    if P > 1:
+        _store_signed_plane(row_ptr, w1 * k, rot_ptr, 1, P, PW, row_ok, D)
+    if P > 2:
+        _store_signed_plane(row_ptr, w2 * k, rot_ptr, 2, P, PW, row_ok, D)
+        _store_signed_plane(row_ptr, w3 * k, rot_ptr, 3, P, PW, row_ok, D)
+    if P > 4:
+        _store_signed_plane(row_ptr, w4 * k, rot_ptr, 4, P, PW, row_ok, D)
+        _store_signed_plane(row_ptr, w5 * k, rot_ptr, 5, P, PW, row_ok, D)
+        _store_signed_plane(row_ptr, w6 * k, rot_ptr, 6, P, PW, row_ok, D)
+        _store_signed_plane(row_ptr, w7 * k, rot_ptr, 7, P, PW, row_ok, D)
+
+
+@triton.jit
+def _store_dense_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, rot_ptr, row_ok, P: tl.constexpr,
+                      PW: tl.constexpr, D: tl.constexpr, DQ: tl.constexpr, HADAMARD: tl.constexpr):
+    """Store ``(y R) · k`` for the rotated-domain planes ``a_s = c · y_s``, reading the rotation (``R`` in
+    fp32, or ``√D · R`` in fp16) plane by plane: :func:`_rotated_back`."""
+    y = _rotated_back(a0 / c, 0, P, PW, rot_ptr, D, DQ, HADAMARD)
+    if P > 1:
+        y += _rotated_back(a1 / c, 1, P, PW, rot_ptr, D, DQ, HADAMARD)
+    if P > 2:
+        y += _rotated_back(a2 / c, 2, P, PW, rot_ptr, D, DQ, HADAMARD)
+        y += _rotated_back(a3 / c, 3, P, PW, rot_ptr, D, DQ, HADAMARD)
+    if P > 4:
+        y += _rotated_back(a4 / c, 4, P, PW, rot_ptr, D, DQ, HADAMARD)
+        y += _rotated_back(a5 / c, 5, P, PW, rot_ptr, D, DQ, HADAMARD)
+        y += _rotated_back(a6 / c, 6, P, PW, rot_ptr, D, DQ, HADAMARD)
+        y += _rotated_back(a7 / c, 7, P, PW, rot_ptr, D, DQ, HADAMARD)
+    j = tl.arange(0, DQ)
+    y = y * k
+    tl.store(row_ptr + j[None, :], y.to(row_ptr.dtype.element_ty), mask=row_ok[:, None] & (j[None, :] < D))
+
+
+@triton.jit
+def _store_signed_plane(row_ptr, y, sign_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, row_ok,
+                        D: tl.constexpr):
+    """Store plane ``S`` of ``y ∘ σ`` (dims ``P·t + S`` below ``D``)."""
+    dim = tl.arange(0, PW) * P + S
+    sign = tl.load(sign_ptr + dim, mask=dim < D, other=0.0).to(tl.float32)
+    _store_plane(row_ptr, y * sign[None, :], S, P, PW, row_ok, D)
+
+
 @triton.jit
 def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
     """A query plane of :func:`_q_plane` back in plain units (fp32)."""
@@ -473,7 +645,8 @@ def _decode_split_kernel(
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
-    ROTATE: tl.constexpr, K_LUT_WORDS: tl.constexpr, V_LUT_WORDS: tl.constexpr,
+    ROTATE: tl.constexpr, K_LUT_WORDS: tl.constexpr, V_LUT_WORDS: tl.constexpr, K_PLANE_H: tl.constexpr,
+    V_PLANE_H: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -508,15 +681,18 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
-    q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
-    q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D)
+    else:
+        q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
+        q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     # Σq (for the key zero points) in plain units, from the fp16 query the dots see
     q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
                    + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
@@ -676,20 +852,14 @@ def _decode_split_kernel(
             c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
             c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
         c = tl.where(c > 0, c, 1.0)[:, None]
-        y = _rotated_back(a0 / c, 0, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-        if VP > 1:
-            y += _rotated_back(a1 / c, 1, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-        if VP > 2:
-            y += _rotated_back(a2 / c, 2, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-            y += _rotated_back(a3 / c, 3, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-        if VP > 4:
-            y += _rotated_back(a4 / c, 4, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-            y += _rotated_back(a5 / c, 5, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-            y += _rotated_back(a6 / c, 6, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-            y += _rotated_back(a7 / c, 7, VP, VPW, vrot_ptr, D, DQ, V_HADAMARD)
-        j = tl.arange(0, DQ)
-        y = y * (c * inv)
-        tl.store(out_row + j[None, :], y.to(out_row.dtype.element_ty), mask=row_ok[:, None] & (j[None, :] < D))
+        if V_PLANE_H:
+            # S < 0 is never true, but the compiler cannot know: the in-plane matrix is made again
+            # here instead of being held through the loop
+            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, tl.cast(S < 0, tl.int32), vrot_ptr,
+                                 row_ok, VP, VPW, D)
+        else:
+            _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
+                              V_HADAMARD)
     else:
         _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
         if VP > 1:
@@ -989,7 +1159,7 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     split) every width ran 2–3% slower (the merge is a larger share of a short split). Not for
     8-bit (142.5 against 143.0 at 32K: it is near the memory already) nor turbo (its gathers spill
     more: turbo 2-bit 269.6 → 316.8 at 32K). Sub-blocks stay at least 16 keys (an MMA's k-step)."""
-    if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < ROW_GROUP_SPLIT_KEYS:
+    if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < LONG_SPLIT_KEYS:
         return 1
     return min(16 // rows, block_n // 16)  # one-warp tiles: rows ≤ 16, block_n ≥ 16
 
@@ -1007,6 +1177,21 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     if k_spec.method == "affine" and k_spec.bits == 3:
         return 128
     return block_n
+
+
+def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
+    """Whether a turbo spec's Hadamard rotation (power-of-two head_dim) is made plane by plane from
+    indices (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix
+    ``√D · R``: no 32 KB matrix read per program and direction (D = 128) and a quarter to an eighth of
+    its MMA work, for more instructions to make the in-plane matrix. H200, B=8, Hq=32, Hkv=8, D=128,
+    CUDA graph µs, matrix → planes (2026-12-03, ``benchmarks/results/decode_plane_hadamard_session20/``):
+    1K turbo 8 / 4 / 3 / 2-bit 25.47 → 23.71, 16.87 → 14.96, 19.38 → 17.38, 15.64 → 12.65; 4K 4 / 3 / 2-bit
+    46.93 → 41.42, 55.22 → 48.88, 28.88 → 23.17 (8-bit equal); 32K 3 / 2-bit 297.8 → 288.6, 120.5 → 110.6.
+    On long splits 4- and 8-bit ran slower with it, in every repeat: 32K 246.5 → 253.9 and 377.6 → 390.4,
+    16K 134.6 → 135.7 and 200.3 → 205.6 (not explained; the SASS loop of turbo 4-bit has 18 fewer
+    instructions with it and spills less), so from ``LONG_SPLIT_KEYS`` keys per split those read the
+    matrix."""
+    return spec.bits in (2, 3) or split_keys < LONG_SPLIT_KEYS
 
 
 def _turbo8(spec: TensorQuantSpec) -> bool:
@@ -1110,7 +1295,8 @@ class _Plan:
 
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
-                        min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None)
+                        min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
+                        plane_hadamard=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1124,7 +1310,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut) = tuning
+     rotate_blocks, register_lut, plane_hadamard) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1181,6 +1367,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          f"block_n")
     luts = [_gathers(s) and (_register_lut(s, one_warp) if register_lut is None else register_lut)
             for s in (k_spec, v_spec)]
+    planes_h = [_plane_hadamard(s, split_blocks * block_n) if plane_hadamard is None else bool(plane_hadamard)
+                for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
@@ -1204,6 +1392,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=TL_DTYPES[k_meta_t],
         V_META=TL_DTYPES[v_meta_t],
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
+        K_PLANE_H=k_turbo and is_power_of_two(D) and planes_h[0],
+        V_PLANE_H=v_turbo and is_power_of_two(D) and planes_h[1],
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
@@ -1231,7 +1421,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
-                     register_lut: Optional[bool] = None) -> torch.Tensor:
+                     register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1242,11 +1432,15 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
     the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
     slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
-    default 4 or 2 for affine 2/3/4-bit on splits of ``ROW_GROUP_SPLIT_KEYS`` keys or more, else 1).
+    default 4 or 2 for affine 2/3/4-bit on splits of ``LONG_SPLIT_KEYS`` keys or more, else 1).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``register_lut``: turbo codes of ≤ 4 bits looked up by byte
     permutes in a table held in registers (GPU; the interpreter keeps the gather) instead of by
     :func:`_lookup`'s gather (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
+    ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
+    (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix ``√D · R``
+    (:func:`_q_plane`, :func:`_rotated_back`); by default for 2- and 3-bit codes, and for 4- and 8-bit
+    ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1254,7 +1448,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut)
+              rotate_blocks, register_lut, plane_hadamard)
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
