@@ -16,9 +16,10 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
 * turbo: codes index the 2^b centroids (a flat ``tl.gather``, or byte permutes from a table in the
   instructions for 2-bit codes and short 3-bit caches); ``q`` is rotated and the output
-  rotated back inside the kernel (fp16 MMAs; for a power-of-two head_dim the kernels read
-  ``√d · R``, a signed Hadamard matrix, exact ±1 in fp16), norms scale the scores and the
-  probabilities. Every split's output leaves in the model's dims.
+  rotated back inside the kernel (fp16 MMAs on fp32 hi/lo halves; for a power-of-two head_dim the
+  Hadamard rotation is made plane by plane from indices, or on long 4/8-bit splits read as ``√d · R``,
+  exact ±1 in fp16; other head dims read ``R``), norms scale the scores and the probabilities. Every
+  split's output leaves in the model's dims.
 
 A one-warp tile of 4 or 8 query rows fills a quarter or half of the MMA's 16 rows; with *row
 groups* (affine, long splits) its rows repeat down the 16 and group ``r`` reads its own part of
@@ -1166,7 +1167,8 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
 
 def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     """Keys a split covers at least. A program's fixed work is large for turbo keys (the query's
-    rotation: R read and three MMAs per plane) and for 3-bit affine (registers for eight planes);
+    rotation: R read and two or three MMAs per plane when this was swept; made plane by plane from
+    indices since, :func:`_plane_hadamard`, and not swept again) and for 3-bit affine (registers for eight planes);
     at short contexts fewer, longer splits pay. Sweep at 1K, B=8, Hq=32, Hkv=8, D=128, CUDA graph
     µs (H200, 2026-12-01, ``benchmarks/decode_attention.py --sweep``): turbo 4-bit 21.0 at 128 keys
     per split against 18.9 at 256, turbo 3-bit 34.0 (64) against 23.0 (256), turbo 2-bit 23.3
