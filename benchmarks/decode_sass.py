@@ -114,13 +114,15 @@ def main(argv=None):
                    help="turbo centroids from registers by byte permutes, or by tl.gather (default: the plan's)")
     p.add_argument("--plane-hadamard", action=argparse.BooleanOptionalAction, default=True,
                    help="turbo's Hadamard rotation plane by plane (default), or read as a matrix")
+    p.add_argument("--block-sums", action=argparse.BooleanOptionalAction, default=None,
+                   help="value dots summed per block by fp32 adds (default: the plan's)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
     sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
                                                       block_n=a.block_n, row_groups=a.row_groups,
                                                       register_lut=a.register_lut,
-                                                      plane_hadamard=a.plane_hadamard)
+                                                      plane_hadamard=a.plane_hadamard, block_sums=a.block_sums)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

@@ -115,6 +115,18 @@ def test_turbo_rotation_plane_by_plane_is_the_matrix_rotation(bits, D, g, num_sp
     assert _rel(planes, ref) < TOL
 
 
+@pytest.mark.parametrize("method, bits", [("affine", (8, 8)), ("affine", (4, 3)), ("turbo", (4, 8))])
+@pytest.mark.parametrize("warps", [1, 4])
+def test_value_block_sums_match_the_oracle(method, bits, warps):
+    # each block's value dots from zero, added to the accumulators in fp32 (block_sums), against the
+    # oracle and against the dots accumulated inside the MMA
+    args = dict(B=2, hkv=2, g=4, L=1, S=77, D=64, mask="padded", seed=bits[0], num_warps=warps, num_splits=2)
+    sums, ref = _case(method, *bits, block_sums=True, **args)
+    mma, _ = _case(method, *bits, block_sums=False, **args)
+    assert _rel(sums, ref) < TOL
+    assert _rel(sums, mma.double()) < 1e-4
+
+
 def test_softcap_scale_bf16_and_length_one():
     out, ref = _case("affine", 8, 4, B=1, hkv=2, g=8, L=1, S=1, D=64, mask=None, seed=9, dtype=torch.bfloat16,
                      softcap=5.0, scale=0.3)
@@ -220,6 +232,25 @@ def test_plane_hadamard_defaults_where_it_was_faster():
         consts = _plan_options(KVQuantConfig(method="turbo", bits=2), 1024, plane_hadamard=flag)[1]
         assert consts["K_PLANE_H"] == consts["V_PLANE_H"] == flag
     assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024, plane_hadamard=True)[1]["K_PLANE_H"]
+
+
+def test_block_sums_default_to_long_affine_splits_without_row_groups():
+    # the MMA's truncating fp32 accumulation grew affine 8-bit's error with the blocks one row sums
+    # (H200: 8.45e-3 at 64K); row groups split those sums four ways, so only tiles without them add
+    # block by block; turbo values cancel no zero point
+    from turboquant.templates import decode_attention as da
+
+    affine8, affine4, turbo8 = (KVQuantConfig(method=m, bits=b).spec("v") for m, b in
+                                (("affine", 8), ("affine", 4), ("turbo", 8)))
+    long_split, short_split = da.LONG_SPLIT_KEYS, da.LONG_SPLIT_KEYS // 2
+    assert da._block_sums(affine8, 1, long_split) and da._block_sums(affine4, 1, long_split)
+    assert not da._block_sums(affine8, 1, short_split)
+    assert not da._block_sums(affine4, 4, long_split)
+    assert not da._block_sums(turbo8, 1, long_split)
+    one_split = _plan_options(KVQuantConfig(method="affine", bits=8), 4096, num_splits=1)[1]
+    assert one_split["BLOCK_SUMS"]
+    assert not _plan_options(KVQuantConfig(method="affine", bits=8), 1024)[1]["BLOCK_SUMS"]
+    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 4096, num_splits=1, num_warps=1)[1]["BLOCK_SUMS"]
 
 
 def test_3bit_lane_permutes_put_each_code_in_place():

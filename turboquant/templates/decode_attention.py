@@ -77,8 +77,9 @@ LONG_CACHE_KEYS = 2048
 
 # Keys per split from which a split's loop, not its fixed work, sets its time: one-warp affine tiles
 # hold row groups from here (:func:`_row_groups`; shorter splits ran 2–3% slower with them, H200, 4K
-# context: 256 keys per split, 1024 and more faster), and turbo 4/8-bit rotations read the matrix
-# (:func:`_plane_hadamard`).
+# context: 256 keys per split, 1024 and more faster), turbo 4/8-bit rotations read the matrix
+# (:func:`_plane_hadamard`), and affine values without row groups sum their blocks in fp32 adds
+# (:func:`_block_sums`).
 LONG_SPLIT_KEYS = 1024
 
 
@@ -647,7 +648,7 @@ def _decode_split_kernel(
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
     ROTATE: tl.constexpr, K_LUT_WORDS: tl.constexpr, V_LUT_WORDS: tl.constexpr, K_PLANE_H: tl.constexpr,
-    V_PLANE_H: tl.constexpr,
+    V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -713,6 +714,7 @@ def _decode_split_kernel(
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
+    rz = tl.cast(S < 0, tl.float32)  # never true; see _plus_dot
 
     start = split * (split_blocks * BLOCK_N)
     km_base = km_ptr + b * stride_kmb + h * stride_kmh
@@ -813,11 +815,11 @@ def _decode_split_kernel(
             pv if NG == 1 else tl.where(grp[:, None] == 0, pv, 0.0), vc_base, blk, S, stride_vcs,
             a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
             a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
-            vlut_ptr, USE_ASM, V_LUT_WORDS)
+            vlut_ptr, USE_ASM, V_LUT_WORDS, rz, BLOCK_SUMS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 tl.where(grp[:, None] == r, pv, 0.0), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
-                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT_WORDS)
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT_WORDS, rz, BLOCK_SUMS)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
     if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
@@ -856,7 +858,7 @@ def _decode_split_kernel(
         if V_PLANE_H:
             # S < 0 is never true, but the compiler cannot know: the in-plane matrix is made again
             # here instead of being held through the loop
-            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, tl.cast(S < 0, tl.int32), vrot_ptr,
+            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, rz.to(tl.int32), vrot_ptr,
                                  row_ok, VP, VPW, D)
         else:
             _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
@@ -958,23 +960,38 @@ def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp
 
 
 @triton.jit
+def _plus_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr):
+    """``acc + pv @ vals``. The MMA's fp32 accumulation truncates, a bias that grows with the number of
+    blocks summed into one accumulator; affine values cancel their zero point only at the end (sums
+    some 500 times the output at 32K keys), so there the bias showed: affine 8-bit 3.06e-3 from a
+    float64 attention at 32K against 1.68e-3 at 1K and for the widths with row groups (whose rows sum a
+    quarter of the blocks each). With ``BLOCK_SUMS`` each block's dot starts from zero and joins the
+    sum by an fp32 add, which rounds to nearest. ``rz``: a run-time 0, since Triton folds ``acc + dot(a,
+    b, 0)`` back into ``dot(a, b, acc)``."""
+    if BLOCK_SUMS:
+        return acc + tl.dot(pv, vals, tl.zeros_like(acc) + rz)
+    return tl.dot(pv, vals, acc)
+
+
+@triton.jit
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
-                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
-    """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane."""
+                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr):
+    """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
+    (:func:`_plus_dot`)."""
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
-    a0 = tl.dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a0)
+    a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a0, rz, BLOCK_SUMS)
     if VP > 1:
-        a1 = tl.dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a1)
+        a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a1, rz, BLOCK_SUMS)
     if VP > 2:
-        a2 = tl.dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a2)
-        a3 = tl.dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a3)
+        a2 = _plus_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a2, rz, BLOCK_SUMS)
+        a3 = _plus_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a3, rz, BLOCK_SUMS)
     if VP > 4:
-        a4 = tl.dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a4)
-        a5 = tl.dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a5)
-        a6 = tl.dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a6)
-        a7 = tl.dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a7)
+        a4 = _plus_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a4, rz, BLOCK_SUMS)
+        a5 = _plus_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a5, rz, BLOCK_SUMS)
+        a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a6, rz, BLOCK_SUMS)
+        a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a7, rz, BLOCK_SUMS)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -1196,6 +1213,20 @@ def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
     return spec.bits in (2, 3) or split_keys < LONG_SPLIT_KEYS
 
 
+def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bool:
+    """Whether each block's value dots start from zero and join the accumulators by fp32 adds
+    (:func:`_plus_dot`): affine values, on splits of ``LONG_SPLIT_KEYS`` keys or more, in tiles without
+    row groups (whose rows sum a fraction of the blocks each). H200, B=8, Hq=32, Hkv=8, D=128, CUDA
+    graph µs and error against a float64 attention over the dequantized cache, affine 8-bit, MMA
+    accumulation → block sums (2026-12-03, ``benchmarks/results/decode_block_sums_session20/``): 16K
+    72.72 → 73.34 µs, 1.82e-3 → 1.67e-3; 32K 134.5 → 134.8, 3.06e-3 → 1.67e-3; 64K 262.3 → 265.4,
+    **8.45e-3** → 1.67e-3 (the kernel's bound is 2e-3). Affine 4-bit, whose long splits have four row
+    groups, kept its error (1.69e-3 at 32K, 1.73e-3 at 64K) and ran 84.9 → 100.8 µs with block sums at
+    32K: not for row groups. Four-warp affine tiles on long splits (a host-bound call of one split, up
+    to ``HOST_BOUND_KEY_ROWS`` key rows) take them too: not timed, and host-bound by definition."""
+    return v_spec.method == "affine" and row_groups == 1 and split_keys >= LONG_SPLIT_KEYS
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -1298,7 +1329,7 @@ class _Plan:
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None)
+                        plane_hadamard=None, block_sums=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1312,7 +1343,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1396,6 +1427,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
         K_PLANE_H=k_turbo and is_power_of_two(D) and planes_h[0],
         V_PLANE_H=v_turbo and is_power_of_two(D) and planes_h[1],
+        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_blocks * block_n) if block_sums is None
+                    else bool(block_sums)),
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
@@ -1423,7 +1456,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
-                     register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None) -> torch.Tensor:
+                     register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
+                     block_sums: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1442,7 +1476,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
     (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix ``√D · R``
     (:func:`_q_plane`, :func:`_rotated_back`); by default for 2- and 3-bit codes, and for 4- and 8-bit
-    ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`).
+    ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`). ``block_sums``: each
+    block's value dots start from zero and join the accumulators by fp32 adds (:func:`_plus_dot`; by
+    default for affine values on long splits without row groups, :func:`_block_sums`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1450,7 +1486,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard)
+              rotate_blocks, register_lut, plane_hadamard, block_sums)
     # q stands in as the pointer of an absent mask or ring
     tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
     device = q.get_device()
