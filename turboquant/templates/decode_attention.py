@@ -1391,16 +1391,17 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     fixed_blocks = not one_warp
     if fixed_blocks:
         split_blocks = _pow2(split_blocks)
-    num_splits = max(1, _cdiv(S, split_blocks * block_n))
+    split_keys = split_blocks * block_n  # what the long-split rules below go by
+    num_splits = max(1, _cdiv(S, split_keys))
     if row_groups is None:
-        row_groups = _row_groups(k_spec, v_spec, M, block_n, split_blocks * block_n) if one_warp else 1
+        row_groups = _row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp else 1
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
     luts = [_gathers(s) and (_register_lut(s, one_warp) if register_lut is None else register_lut)
             for s in (k_spec, v_spec)]
-    planes_h = [_plane_hadamard(s, split_blocks * block_n) if plane_hadamard is None else bool(plane_hadamard)
+    planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
@@ -1427,7 +1428,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
         K_PLANE_H=k_turbo and is_power_of_two(D) and planes_h[0],
         V_PLANE_H=v_turbo and is_power_of_two(D) and planes_h[1],
-        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_blocks * block_n) if block_sums is None
+        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_keys) if block_sums is None
                     else bool(block_sums)),
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
