@@ -693,7 +693,8 @@ def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(dev
     or compiled on a GPU): a turbo cache write rotates by a reduction over index-computed signs
     (head_dim 64, a power of two), so it calls no matmul library kernel (a cuBLAS fp32 GEMM per
     write cost 50 µs on the H200), copies no constant, and packs and stores in the kernel that
-    searches the codebook. The step launches no more kernels than dense."""
+    searches the codebook. The step launches no more kernels than dense, and calls the attention op's
+    kernel directly (no dispatcher between the wrapper and it)."""
     torch.manual_seed(0)
     base = GptFast().eval().to(device)
     dense = copy.deepcopy(base)
@@ -704,7 +705,10 @@ def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(dev
     quantized_kernels = _decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=bits, method="turbo"),
                                              device, "triton", quantized_calls)
     torch._dynamo.reset()
-    assert sorted(quantized_calls) == sorted(dense_calls), (quantized_calls, dense_calls)
+    # the attention op, called from the wrapper without the dispatcher (ops.call_directly_from_inductor)
+    assert quantized_calls.count("turboquant_attention") == 2, quantized_calls
+    assert sorted(c for c in quantized_calls if c != "turboquant_attention") == sorted(dense_calls), \
+        (quantized_calls, dense_calls)
     # a kernel of its own that copies a constant (a fused kernel that reads one names it too)
     assert not any(re.fullmatch(r"triton_poi_fused_lift_fresh_\d+", k) for k in quantized_kernels), quantized_kernels
     writes = [k for k in quantized_kernels if "index_put" in k]

@@ -7,7 +7,8 @@ import torch
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
            "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "triton_schedule_runs_on_cpu",
            "schedules_with_triton",
-           "current_raw_stream", "custom_graph_pass_base", "source_hash", "wrap_aot_subclass_unwrap"]
+           "current_raw_stream", "custom_graph_pass_base", "source_hash", "wrap_aot_subclass_unwrap",
+           "call_directly_from_inductor"]
 
 
 def dynamo_counters():
@@ -271,3 +272,45 @@ def wrap_aot_subclass_unwrap(wrap):
             m.runtime_unwrap_tensor_subclasses = original
 
     return restore
+
+
+def call_directly_from_inductor(op, name: str, fn) -> bool:
+    """Have Inductor's Python wrapper call ``fn`` where it would call the custom op ``op`` (an
+    ``OpOverload``) through the dispatcher: ``extern_kernels.<name>(...)`` with the arguments the op
+    call would get. The dispatcher's boxing of a Python kernel's ~20 arguments into IValues and back
+    cost ~20 µs per call on the H200's host, and a batch-1 decode step outside a CUDA graph is
+    host-bound and calls the op once per layer.
+
+    The op keeps the fallback Inductor would have made for it (the same layout constraint from its
+    tags); only the name the wrapper calls changes. The C++ wrapper keeps the op. Idempotent; returns
+    whether the lowering is in place (False where this torch's Inductor lacks a piece: the op is then
+    called through the dispatcher as before)."""
+    try:
+        from torch._inductor import ir
+        from torch._inductor.lowering import lowerings, make_fallback, tag_to_layout_constraint
+        from torch._inductor.select_algorithm import extern_kernels
+        from torch._inductor.virtualized import V
+        from torch._library.utils import get_layout_constraint_tag
+    except ImportError:
+        return False
+    if getattr(lowerings.get(op), "_turboquant_direct", None) == name:
+        return True
+    if not hasattr(extern_kernels, name):
+        setattr(extern_kernels, name, fn)
+    make_fallback(op, layout_constraint=tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True)),
+                  warn=False, override_decomp=True)
+    fallback = lowerings[op]
+
+    def lower(*args, **kwargs):
+        before = len(V.graph.operations)
+        out = fallback(*args, **kwargs)
+        if not V.graph.cpp_wrapper:
+            for node in V.graph.operations[before:]:
+                if isinstance(node, ir.FallbackKernel) and node.op_overload is op:
+                    node.python_kernel_name = f"extern_kernels.{name}"
+        return out
+
+    lower.__dict__.update(fallback.__dict__)  # e.g. the flag that marks a fallback handler
+    lower._turboquant_direct = name
+    lowerings[op] = lower
+    return True

@@ -165,20 +165,34 @@ def _attention_cpu(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, sc
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 
 
+@functools.cache
+def _kernel_module():
+    from .templates import decode_attention  # Triton: imported only where a GPU runs
+
+    return decode_attention
+
+
+@functools.lru_cache(maxsize=1024)
+def _cuda_call(k_args: tuple, v_args: tuple, hq: int, lq: int, head_dim: int, v_head_dim: int, hkv: int) -> tuple:
+    # keyed on plain ints: asked once per layer and decode step (a spec's dataclass hash costs more)
+    ks, vs = _specs(k_args, v_args)
+    return ks, vs, _kernel_module().unsupported(hq, lq, ks, vs, head_dim, v_head_dim, hkv)
+
+
 @_without_grad
 def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec, head_dim,
                     v_head_dim, softcap=0.0, k_ring=None, k_ring_pos=None, v_ring=None, v_ring_pos=None,
                     k_frame=None, v_frame=None):
-    from .templates import decode_attention as kernel  # Triton: imported only where a GPU runs
-
-    ks, vs = _specs(tuple(k_spec), tuple(v_spec))
+    kernel = _kernel_module()
+    ks, vs, unsupported = _cuda_call(tuple(k_spec), tuple(v_spec), q.shape[1], q.shape[2], head_dim, v_head_dim,
+                                     k_codes.shape[1])
     # a residual window's ring is one more partial of the kernel's split merge; K and V rings are
     # written together, so one position table serves both. Frames reach the op only with a
     # soft-cap (attention_over_cache moves q and the output otherwise; tanh is not shift-invariant):
     # those decode.
     rings_ok = (k_ring is None) == (v_ring is None)
     frames_ok = k_frame is None and v_frame is None
-    if rings_ok and frames_ok and kernel.supports(q, ks, vs, head_dim, v_head_dim, k_codes.shape[1]) is None:
+    if rings_ok and frames_ok and not unsupported:
         return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
                                        is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
                                        v_ring=v_ring, ring_pos=k_ring_pos)
@@ -197,6 +211,23 @@ _LIB.impl("attention", _attention_cpu, "CompositeExplicitAutograd")
 _LIB.impl("attention", _attention_cuda, "CUDA")
 _LIB.impl("attention", torch.library.fallthrough_kernel, "Autograd")
 torch.library.register_fake("turboquant::attention", _attention_fake, lib=_LIB)
+
+
+
+def _attention_direct(q, *args, **kwargs):
+    """The op's kernel for ``q``'s device, as a compiled graph's wrapper calls it without the dispatcher
+    (:func:`call_directly_from_inductor`)."""
+    return (_attention_cuda if q.is_cuda else _attention_cpu)(q, *args, **kwargs)
+
+
+@functools.cache
+def call_directly_from_inductor() -> bool:
+    """Inductor's Python wrapper calls the attention op's kernels directly from now on (in place of
+    ``torch.ops.turboquant.attention``: the dispatcher's boxing of ~20 arguments cost ~20 µs a call on
+    the H200's host, a batch-1 decode step is host-bound and calls the op once per layer)."""
+    return compat.call_directly_from_inductor(torch.ops.turboquant.attention.default, "turboquant_attention",
+                                              _attention_direct)
+
 
 attention = torch.ops.turboquant.attention
 """SDPA of ``q [B, Hq, L, D]`` over quantized K/V caches ``[B, Hkv, S, ·]`` (Hq a multiple of Hkv):

@@ -36,6 +36,7 @@ from .compat import dynamo_counters, inductor_compile
 from .config import KVQuantConfig
 from .integrations import transformers as hf
 from .passes import find_kv_sites, rewrite_eager_attention
+from .ops import call_directly_from_inductor
 from .passes.constant_copies import FoldConstantCopies
 
 __all__ = ["compile", "turboquant_backend", "report", "Report", "LayerReport", "CompileState", "cache_nbytes"]
@@ -230,6 +231,8 @@ def _backend(gm, example_inputs, state: CompileState):
         any(site.k.built_in_graph for site in sites)
     # the bare backend has no wrapper around the model's call: a graph over a quantized cache
     # traced in grad mode is compiled (AOTAutograd: no joint graph) and run under no_grad here
+    if quantized:
+        call_directly_from_inductor()
     with state.inference_only(quantized):
         compiled = inductor_compile(gm, example_inputs, mode=state.mode, post_grad_pass=_FOLD_CONSTANT_COPIES)
     return _inference_only(compiled, state, quantized)

@@ -46,7 +46,7 @@ from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import turbo_centroids
 from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
 
-__all__ = ["decode_attention", "supports"]
+__all__ = ["decode_attention", "supports", "unsupported"]
 
 MAX_QUERY_LEN = 8
 
@@ -1081,12 +1081,12 @@ def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.co
 def supports(q: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
              hkv: int) -> Optional[str]:
     """None if the kernel handles this call, else the reason it does not."""
-    return _unsupported(q.shape[1], q.shape[2], k_spec, v_spec, head_dim, v_head_dim, hkv)
+    return unsupported(q.shape[1], q.shape[2], k_spec, v_spec, head_dim, v_head_dim, hkv)
 
 
-@functools.lru_cache(maxsize=1024)  # asked once per layer and decode step
-def _unsupported(hq: int, lq: int, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
+def unsupported(hq: int, lq: int, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int, v_head_dim: int,
                  hkv: int) -> Optional[str]:
+    """:func:`supports` from the numbers alone (query heads and length, KV heads)."""
     if lq > MAX_QUERY_LEN:
         return f"query length {lq} > {MAX_QUERY_LEN} (prefill)"
     if head_dim != v_head_dim:
