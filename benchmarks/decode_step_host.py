@@ -3,6 +3,7 @@
     python benchmarks/decode_step_host.py                          # bf16, affine-4, turbo-4 at 1 x 1K
     python benchmarks/decode_step_host.py --settings bf16 affine-8 --context 4096
     python benchmarks/decode_step_host.py --tiny --device cpu --context 16 --new-tokens 5   # smoke
+    python benchmarks/decode_step_host.py --settings bf16 affine-4 --profile   # + cProfile per setting
 
 The ~1B Llama of ``tq bench`` (random bf16 weights, static cache, torch.compile default mode),
 batch 1: a step is bound by the host launching kernels, so turboquant's per-step Python work
@@ -74,7 +75,29 @@ def _time_triton_compiles(acc):
     return restore
 
 
-def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None):
+def _profile(model, ids, new_tokens, path, top=45, **kw):
+    """cProfile of one whole generate, the functions by own time (the top ``top``, then turboquant's own),
+    written to ``path``:
+    where the host's time per step goes (cProfile slows Python calls, so only its proportions count)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    timed_generate(model, ids, new_tokens, **kw)
+    prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text).sort_stats("tottime")
+    stats.print_stats(top)
+    text.write("\nturboquant's functions:\n")
+    stats.print_stats("turboquant", top)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+    return path
+
+
+def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None):
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     restore_triton = _time_triton_compiles(acc)
@@ -124,6 +147,10 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
                             least[run][name] = min(least[run].get(name, t), t)
                     print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in
                                                       _per_step(prefill, whole, steps).items()), flush=True)
+        if profile_dir:
+            os.makedirs(profile_dir, exist_ok=True)
+            for setting, model in models.items():
+                print(f"wrote {_profile(model, ids, new_tokens, os.path.join(profile_dir, f'profile_{setting}.txt'), **kw)}")
         skips = dynamo_counters()["inductor"]["cudagraph_skips"]
         print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:
@@ -150,12 +177,15 @@ def main(argv=None):
                    help="torch.compile mode of every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each time's least counts)")
     p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
         return 2
-    rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode)
+    rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode,
+               profile_dir=args.out if args.profile else None)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_step_host.csv'), COLUMNS)}")
     return 0
