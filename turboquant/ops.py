@@ -213,7 +213,6 @@ _LIB.impl("attention", torch.library.fallthrough_kernel, "Autograd")
 torch.library.register_fake("turboquant::attention", _attention_fake, lib=_LIB)
 
 
-
 def _attention_direct(q, *args, **kwargs):
     """The op's kernel for ``q``'s device, as a compiled graph's wrapper calls it without the dispatcher
     (:func:`call_directly_from_inductor`)."""

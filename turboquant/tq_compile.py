@@ -35,8 +35,8 @@ from .cache import QuantizedCacheTensor
 from .compat import dynamo_counters, inductor_compile
 from .config import KVQuantConfig
 from .integrations import transformers as hf
-from .passes import find_kv_sites, rewrite_eager_attention
 from .ops import call_directly_from_inductor
+from .passes import find_kv_sites, rewrite_eager_attention
 from .passes.constant_copies import FoldConstantCopies
 
 __all__ = ["compile", "turboquant_backend", "report", "Report", "LayerReport", "CompileState", "cache_nbytes"]
