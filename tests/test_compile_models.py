@@ -451,6 +451,36 @@ def test_backend_name_resolves_without_importing_turboquant():
     assert out.stdout.strip().endswith("QuantizedCacheTensor")
 
 
+def test_a_cached_graph_calls_the_attention_kernel_in_a_process_that_never_lowered_it(tmp_path):
+    """The wrapper calls the op's kernel by a name it imports itself: the FX graph cache serves the
+    graph to another process, which lowered nothing (its install of the direct call disabled here)
+    and must still run it, with the same output."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, torch.nn.functional as F, turboquant.ops as ops\n"
+        "from turboquant import KVQuantConfig\n"
+        "from turboquant.cache import QuantizedCacheTensor\n"
+        "from turboquant.compat import dynamo_counters\n"
+        "if sys.argv[1] == 'cached': ops.call_directly_from_inductor = lambda: False\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "k, v, q = torch.randn(1, 2, 9, 32, generator=g), torch.randn(1, 2, 9, 32, generator=g), torch.randn(1, 4, 1, 32, generator=g)\n"
+        "kc, vc = (QuantizedCacheTensor.from_dense(t, KVQuantConfig(bits=4).spec(n), window=2) for t, n in zip((k, v), 'kv'))\n"
+        "f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), fullgraph=True)\n"
+        "out = f(q, kc, vc)\n"
+        "print(int(dynamo_counters()['inductor']['fxgraph_cache_hit']), repr(float(out.double().sum())))\n"
+    )
+    env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=300, env=env)
+            for mode in ("lowered", "cached")]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    (hits_first, out_first), (hits_cached, out_cached) = (r.stdout.split() for r in runs)
+    assert (hits_first, hits_cached) == ("0", "1") and out_first == out_cached
+    wrappers = [p.read_text() for p in tmp_path.rglob("*.py")]
+    assert any("import _attention_direct as turboquant_attention" in w for w in wrappers)
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_backend_mode_quantizes_transformers_caches(cache):
     """torch.compile(forward, backend="turboquant"): caches found dense are swapped before the call."""
@@ -614,7 +644,8 @@ def test_turbo_static_cache_compiles_with_cold_tables():
 def _decode_step_kernels(model, device, backend, library_calls: Optional[list] = None) -> list:
     """Kernels the compiled decode step launches, in order; ``backend="triton"`` on the CPU: the
     kernels Inductor's Triton backend would generate (scheduled, never compiled). ``library_calls``
-    receives the step's calls of library kernels (``extern_kernels.mm`` …)."""
+    receives the step's calls of library kernels (``extern_kernels.mm`` …, and the attention op's
+    kernel the wrapper imports as ``turboquant_attention``)."""
     with torch.no_grad():
         # prefill first: the decode step below is a graph of its own
         model(torch.randn(1, 6, 64, device=device), torch.arange(6, device=device))
@@ -625,7 +656,8 @@ def _decode_step_kernels(model, device, backend, library_calls: Optional[list] =
             _, code = run_and_get_code(model, x, pos)
     wrapper = "\n".join(code)
     if library_calls is not None:
-        library_calls.extend(re.findall(r"\bextern_kernels\.(\w+)\(", wrapper))
+        library_calls.extend(a or b for a, b in
+                             re.findall(r"\bextern_kernels\.(\w+)\(|\b(turboquant_attention)\(", wrapper))
     names = re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", wrapper)
     return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper) if backend == "triton" else names
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_code", "tracing_with_fake_tensors",
@@ -276,30 +278,29 @@ def wrap_aot_subclass_unwrap(wrap):
 
 def call_directly_from_inductor(op, name: str, fn) -> bool:
     """Have Inductor's Python wrapper call ``fn`` where it would call the custom op ``op`` (an
-    ``OpOverload``) through the dispatcher: ``extern_kernels.<name>(...)`` with the arguments the op
-    call would get. The dispatcher's boxing of a Python kernel's ~20 arguments into IValues and back
-    cost ~20 µs per call on the H200's host, and a batch-1 decode step outside a CUDA graph is
-    host-bound and calls the op once per layer.
+    ``OpOverload``) through the dispatcher: ``name(...)`` with the arguments the op call would get,
+    ``fn`` imported under ``name`` in the wrapper's header. The dispatcher's boxing of a Python
+    kernel's ~20 arguments into IValues and back cost ~20 µs per call on the H200's host, and a
+    batch-1 decode step outside a CUDA graph is host-bound and calls the op once per layer.
 
     The op keeps the fallback Inductor would have made for it (the same layout constraint from its
-    tags); only the name the wrapper calls changes. The C++ wrapper keeps the op. Idempotent; returns
-    whether the lowering is in place (False where this torch's Inductor lacks a piece: the op is then
-    called through the dispatcher as before)."""
+    tags); only the name the wrapper calls changes. The wrapper imports ``fn`` itself, so its source
+    runs the same when it comes from the FX graph cache into a process that never called this. The
+    C++ wrapper keeps the op. Idempotent; returns whether the lowering is in place (False where this
+    torch's Inductor lacks a piece: the op is then called through the dispatcher as before)."""
     try:
         from torch._inductor import ir
         from torch._inductor.lowering import lowerings, make_fallback, tag_to_layout_constraint
-        from torch._inductor.select_algorithm import extern_kernels
         from torch._inductor.virtualized import V
         from torch._library.utils import get_layout_constraint_tag
     except ImportError:
         return False
     if getattr(lowerings.get(op), "_turboquant_direct", None) == name:
         return True
-    if not hasattr(extern_kernels, name):
-        setattr(extern_kernels, name, fn)
     make_fallback(op, layout_constraint=tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True)),
                   warn=False, override_decomp=True)
     fallback = lowerings[op]
+    import_line = f"from {fn.__module__} import {fn.__qualname__} as {name}"
 
     def lower(*args, **kwargs):
         before = len(V.graph.operations)
@@ -307,10 +308,16 @@ def call_directly_from_inductor(op, name: str, fn) -> bool:
         if not V.graph.cpp_wrapper:
             for node in V.graph.operations[before:]:
                 if isinstance(node, ir.FallbackKernel) and node.op_overload is op:
-                    node.python_kernel_name = f"extern_kernels.{name}"
+                    node.python_kernel_name = name
+                    node.codegen = functools.partial(_codegen_with_import, node.codegen, import_line)
         return out
 
     lower.__dict__.update(fallback.__dict__)  # e.g. the flag that marks a fallback handler
     lower._turboquant_direct = name
     lowerings[op] = lower
     return True
+
+
+def _codegen_with_import(codegen, import_line: str, wrapper):
+    wrapper.add_import_once(import_line)
+    return codegen(wrapper)

@@ -35,7 +35,6 @@ from .cache import QuantizedCacheTensor
 from .compat import dynamo_counters, inductor_compile
 from .config import KVQuantConfig
 from .integrations import transformers as hf
-from .ops import call_directly_from_inductor
 from .passes import find_kv_sites, rewrite_eager_attention
 from .passes.constant_copies import FoldConstantCopies
 
@@ -231,8 +230,6 @@ def _backend(gm, example_inputs, state: CompileState):
         any(site.k.built_in_graph for site in sites)
     # the bare backend has no wrapper around the model's call: a graph over a quantized cache
     # traced in grad mode is compiled (AOTAutograd: no joint graph) and run under no_grad here
-    if quantized:
-        call_directly_from_inductor()
     with state.inference_only(quantized):
         compiled = inductor_compile(gm, example_inputs, mode=state.mode, post_grad_pass=_FOLD_CONSTANT_COPIES)
     return _inference_only(compiled, state, quantized)
