@@ -303,6 +303,21 @@ def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
     assert torch.equal(first, again)
     if DEVICE == "cuda":
         assert plan.split.compiled is not None and plan.merge.compiled is not None
+    # later launches skip Triton's launch hooks while none is set, and a profiler's hook still sees them
+    import triton
+
+    chain = triton.knobs.runtime.launch_enter_hook
+    assert da._hook(None) is None and (da._hook(chain) is None) == (not chain.calls)
+    seen = []
+    chain.add(seen.append)
+    try:
+        assert da._hook(chain) is chain
+        hooked, _ = _case(method, 4, 3, seed=5, **kw)
+    finally:
+        chain.remove(seen.append)
+    assert torch.equal(hooked, first)
+    if DEVICE == "cuda":
+        assert [m.get()["name"] for m in seen] == [plan.split.compiled.name, plan.merge.compiled.name]
 
 
 @pytest.mark.gpu

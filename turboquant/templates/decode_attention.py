@@ -1299,22 +1299,33 @@ class _Launch:
         grid = (*grid, 1, 1)[:3]  # the launcher takes three dimensions
         self.kernel, self.grid, self.tail, self.options, self.compiled = kernel, grid, tail, options, None
 
-    def __call__(self, stream, *tensors) -> None:
+    def __call__(self, stream, tensors: tuple, pointers: tuple) -> None:
         """The compiled kernel launched directly, as the JIT would launch it: the JIT's argument
         binding and specialisation cost the host more than the launch itself (50 µs against 17 for
-        the split kernel on the H200's host). The first call goes through the JIT, which compiles.
-        A plan's key holds every value the JIT specialises on (integers exactly, pointer alignment),
-        so the kernel compiled for the first call serves them all."""
-        args = tensors + self.tail
+        the split kernel on the H200's host). The first call goes through the JIT with ``tensors``,
+        which compiles. A plan's key holds every value the JIT specialises on (integers exactly,
+        pointer alignment), so the kernel compiled for the first call serves them all; later calls
+        pass the tensors' ``pointers``, which the launcher takes as they are (for a tensor it calls
+        ``data_ptr`` and asks the driver about the pointer: 2.7 µs a call for the split kernel's
+        arguments, H200 host)."""
         ck = self.compiled
         if ck is None:
-            ck = self.kernel[self.grid](*args, **self.options)
+            ck = self.kernel[self.grid](*tensors, *self.tail, **self.options)
             if isinstance(ck, triton.compiler.CompiledKernel):  # None under TRITON_INTERPRET
                 self.compiled = ck
             return
+        args = pointers + self.tail
         hooks = triton.knobs.runtime
-        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, ck.launch_metadata(self.grid, stream, *args),
-               hooks.launch_enter_hook, hooks.launch_exit_hook, *args)
+        enter, leave = _hook(hooks.launch_enter_hook), _hook(hooks.launch_exit_hook)
+        metadata = None if enter is None else ck.launch_metadata(self.grid, stream, *args)
+        ck.run(*self.grid, stream, ck.function, ck.packed_metadata, metadata, enter, leave, *args)
+
+
+def _hook(hook):
+    """A launch hook, or None when it would do nothing: Triton 3.6 keeps its hooks in chains that
+    are never None, and the launcher calls them, and the JIT builds their metadata, on every launch
+    (empty chains: ~2 µs a launch on the H200's host)."""
+    return None if hook is None or not getattr(hook, "calls", True) else hook
 
 
 class _Plan:
@@ -1323,7 +1334,7 @@ class _Plan:
     decode step is host-bound and runs one call per layer; with a plan a call costs a dictionary
     lookup, two allocations and the launches."""
 
-    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "split", "merge")
+    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "table_pointers", "split", "merge")
 
 
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
@@ -1414,6 +1425,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     plan.n_parts = n_parts
     plan.ws_numel = 0 if final else B * HQ * L * n_parts * (VP * VPW + 2)
     plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q), _rotation(v_spec, D, q))
+    # an absent table's pointer: never read; 0 has every alignment the kernel may assume
+    plan.table_pointers = tuple(0 if t is None else t.data_ptr() for t in plan.tables)
     mask_strides = (0, 0, 0, 0) if attn_mask is None else attn_mask.expand(B, HQ, L, S).stride()
     strides = (*q.stride()[:3], *strides_as(k_codes, k_word), *strides_as(k_meta, k_meta_t),
                *strides_as(v_codes, v_word), *strides_as(v_meta, v_meta_t), *mask_strides)
@@ -1489,14 +1502,19 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums)
     # q stands in as the pointer of an absent mask or ring
-    tensors = (q, k_codes, k_meta, v_codes, v_meta, q if attn_mask is None else attn_mask, ring_pos if ring_w else q)
+    mask_or_q = q if attn_mask is None else attn_mask
+    ring_pos_or_q = ring_pos if ring_w else q
+    pointers = (q.data_ptr(), k_codes.data_ptr(), k_meta.data_ptr(), v_codes.data_ptr(), v_meta.data_ptr(),
+                mask_or_q.data_ptr(), ring_pos_or_q.data_ptr())
+    aligned = not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4] | pointers[5]
+                   | pointers[6]) & 15
     device = q.get_device()
     capturing = device >= 0 and torch.cuda.is_current_stream_capturing()
     key = (capturing, q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape,
            k_meta.stride(), k_meta.dtype, v_codes.shape, v_codes.stride(), v_meta.shape, v_meta.stride(),
            v_meta.dtype, k_spec, v_spec,
            None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype), bool(is_causal),
-           softcap, scale, ring_w, tuning, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+           softcap, scale, ring_w, tuning, True if aligned else tuple(p % 16 == 0 for p in pointers))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w,
@@ -1504,8 +1522,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)
-    out = torch.empty(plan.out_shape, device=q.device, dtype=q.dtype)
-    ws = out if plan.merge is None else torch.empty(plan.ws_numel, device=q.device, dtype=torch.float32)
+    out = q.new_empty(plan.out_shape)  # contiguous; torch.empty(..., device=q.device) parses more (~1.4 µs, CPU)
+    ws = out if plan.merge is None else q.new_empty(plan.ws_numel, dtype=torch.float32)
     if ring_w:
         B, HQ, L, D = q.shape
         n_rp = B * HQ * L * plan.n_parts
@@ -1515,7 +1533,10 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap,
                    po[..., -1, :D], pm[..., -1], pl[..., -1])
     stream = compat.current_raw_stream(device) if device >= 0 else None
-    plan.split(stream, *tensors[:5], *(q if t is None else t for t in plan.tables), *tensors[5:], out, ws)
+    out_pointers = (out.data_ptr(), ws.data_ptr())
+    plan.split(stream, (q, k_codes, k_meta, v_codes, v_meta, *(q if t is None else t for t in plan.tables),
+                        mask_or_q, ring_pos_or_q, out, ws),
+               pointers[:5] + plan.table_pointers + pointers[5:] + out_pointers)
     if plan.merge is not None:
-        plan.merge(stream, ws, out)
+        plan.merge(stream, (ws, out), out_pointers[::-1])
     return out
