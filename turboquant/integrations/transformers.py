@@ -98,33 +98,39 @@ def call_batch_size(args, kwargs) -> int:
     return (ids if ids is not None else kwargs["inputs_embeds"]).shape[0]
 
 
-# Specs of held layers by their text. A compiled step reads a layer's spec from here, a global,
-# not from the layer: Dynamo specializes ints reached from globals, while an int attribute of a
-# local object (``spec.bits``) that differs between two compiles of the same code (two models,
-# transformers' one forward) became a symbol ("bits=s45"), which no cache view can take.
-_HELD_SPECS: dict = {}
+# A held layer's static facts (spec, head_dim, dtype, numerics digest, which optional buffers it
+# holds) by their text. A compiled step reads them from here, a global, not from the layer: Dynamo
+# specializes ints reached from globals, while an int attribute of a local object (``spec.bits``)
+# that differs between two compiles of the same code (two models, transformers' one forward)
+# became a symbol ("bits=s45"), which no cache view can take. One text for all of them, and no
+# items for absent buffers, also keeps the compiled step's guards few: 755 for a 16-layer Llama at
+# affine-4 where nine tuple items per K or V had made 940 (their evaluation time on the host was
+# the same within noise, ~200 µs on a CPU core).
+_HELD_LAYOUTS: dict = {}
+_OPTIONAL_BUFFERS = ("ring", "ring_pos", "frame")
 
 
 def _held_parts(q: QuantizedCacheTensor) -> tuple:
-    key = str(q.spec)
-    _HELD_SPECS.setdefault(key, q.spec)
-    # head_dim as text too, for the same reason
-    return q.codes, q.meta, q.ring, q.ring_pos, q.frame, key, str(q.head_dim), q.dtype, numerics_digest()
+    present = tuple(name for name in _OPTIONAL_BUFFERS if getattr(q, name) is not None)
+    digest = numerics_digest()
+    layout = f"{q.spec}|{q.head_dim}|{q.dtype}|{digest}|{','.join(present)}"
+    _HELD_LAYOUTS.setdefault(layout, (q.spec, q.head_dim, q.dtype, digest, present))
+    return (q.codes, q.meta, layout, *(getattr(q, name) for name in present))
 
 
 def _held_property(role: str) -> property:
     attr = f"_turboquant_{role}"
 
     def get(self) -> QuantizedCacheTensor:
-        codes, meta, ring, ring_pos, frame, spec, head_dim, dtype, digest = getattr(self, attr)
-        return QuantizedCacheTensor(codes, meta, _HELD_SPECS[spec], int(head_dim), dtype, ring=ring, ring_pos=ring_pos,
-                                    frame=frame, numerics=digest)
+        codes, meta, layout, *held = getattr(self, attr)
+        spec, head_dim, dtype, digest, present = _HELD_LAYOUTS[layout]
+        return QuantizedCacheTensor(codes, meta, spec, head_dim, dtype, numerics=digest, **dict(zip(present, held)))
 
     def set(self, value: torch.Tensor) -> None:
         if not isinstance(value, QuantizedCacheTensor):  # a dense assignment (e.g. a beam reorder): requantized
-            _, _, ring, _, frame, spec, *_ = getattr(self, attr)
-            value = _to_quantized(value, value, _HELD_SPECS[spec], 0 if ring is None else ring.shape[-2],
-                                  None if frame is None else frame[0])
+            now = get(self)
+            value = _to_quantized(value, value, now.spec, 0 if now.ring is None else now.ring.shape[-2],
+                                  None if now.frame is None else now.frame[0])
         setattr(self, attr, _held_parts(value))
 
     return property(get, set, doc=f"The layer's quantized {role} (a wrapper over the buffers it holds).")
