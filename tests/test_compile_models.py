@@ -416,6 +416,34 @@ def test_held_layers_of_models_with_other_bits_compile_through_the_same_code():
         assert float((got - want[:, -1]).norm() / want[:, -1].norm()) < 1e-5, bits
 
 
+
+@pytest.mark.parametrize("window, framed", [(0, False), (4, False), (0, True), (4, True)])
+def test_a_held_layer_gives_back_what_it_holds_and_requantizes_a_dense_assignment(window, framed):
+    """A held layer keeps only its buffers and one layout text: reading ``keys`` gives back the
+    spec, head_dim, dtype, residual window and frame it was given, and assigning a dense tensor (a
+    beam reorder) stores it quantized with them, as the cache itself would encode it."""
+    from turboquant.integrations.transformers import _hold_buffers
+
+    torch.manual_seed(0)
+    cfg = turboquant.KVQuantConfig(bits=3, k_bits=4)
+    d, hkv = 64, 2
+    frames = [torch.randn(hkv, 2, d) if framed else None for _ in range(2)]
+    built = [QuantizedCacheTensor.empty((2, hkv, 12, d), cfg.spec(r), dtype=torch.float32, window=window, frame=f)
+             for r, f in zip("kv", frames)]
+    layer = type("Layer", (), {})()
+    _hold_buffers(layer, *built)
+    assert len(layer._turboquant_keys) == 3 + 2 * bool(window) + framed  # codes, meta, layout, buffers
+    for got, want in zip((layer.keys, layer.values), built):
+        assert (got.spec, got.head_dim, got.dtype, got.window) == (want.spec, d, torch.float32, window)
+        assert got.codes is want.codes and got.meta is want.meta and got.frame is want.frame
+    dense = torch.randn(2, hkv, 12, d)
+    layer.values = dense
+    again = QuantizedCacheTensor.from_dense(dense, cfg.spec("v"), window=window, frame=frames[1])
+    held = layer.values
+    assert held.spec == cfg.spec("v") and held.window == window and held.spec != layer.keys.spec
+    assert torch.equal(held.codes, again.codes) and torch.equal(held.meta, again.meta)
+    assert (held.frame is None) == (not framed) and (not framed or torch.equal(held.frame, again.frame))
+
 def test_report_table_has_bits_status_and_bytes():
     torch.manual_seed(0)
     model = turboquant.compile(GptFast(), bits=4, method="turbo")
