@@ -250,8 +250,9 @@ def test_attention_over_the_cache_builds_no_autograd_graph():
 
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_triton_schedule_on_cpu_rounds_and_takes_roots_as_the_gpu():
-    """The interpreter's stand-ins for libdevice (what Inductor's kernels call for ``round`` and
-    ``sqrt``): half to even, exact roots, ±inf and NaN through; an unknown function is named."""
+    """The interpreter's stand-ins for libdevice (what Inductor's kernels call for ``round``,
+    ``sqrt``, ``rsqrt`` and ``exp``): half to even, exact roots, ±inf and NaN through; an unknown
+    function is named."""
     from turboquant.templates.interpreter_libdevice import InterpreterLibdevice
 
     x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.4999998, 1e30, float("inf"), -float("inf"), float("nan"),
@@ -263,5 +264,11 @@ def test_triton_schedule_on_cpu_rounds_and_takes_roots_as_the_gpu():
     # against math.sqrt: torch's own CPU float64 sqrt is one ulp off at 0.5 and 2.0 (torch 2.13)
     roots = torch.tensor([math.sqrt(v) if v == v else v for v in x.abs().double().tolist()], dtype=torch.float64)
     assert torch.allclose(got[1], roots, rtol=0, atol=0, equal_nan=True)
+    # rsqrt (RMSNorm) and exp (float64 here): within the GPU's 2 ulp of torch's, specials through
+    with triton_schedule_runs_on_cpu():
+        got = torch.compile(lambda t: (torch.rsqrt(t.abs()), torch.exp(t.double().clamp(max=700))), fullgraph=True)(x)
+    want = (torch.rsqrt(x.abs()), torch.exp(x.double().clamp(max=700)))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.allclose(g, w, rtol=4 * torch.finfo(w.dtype).eps, atol=0, equal_nan=True)
     with pytest.raises(NotImplementedError, match="libdevice.erfcx .*nearbyint"):
         InterpreterLibdevice().erfcx

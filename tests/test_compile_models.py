@@ -747,6 +747,39 @@ def test_compiled_steps_on_the_triton_schedule_match_the_cpp_ones(method, bits, 
         assert float((a - b).norm() / a.norm()) < 1e-6
 
 
+@pytest.mark.parametrize("method, bits", [("affine", 4), ("turbo", 3)])
+def test_transformers_generate_on_the_triton_schedule_matches_the_cpp_one(method, bits, monkeypatch):
+    """A transformers Llama (static cache: held buffers, the cache built in the graph) generates the
+    same tokens, logits and cache codes with the Triton schedule a GPU gets as with Inductor's C++
+    backend: the GPU's fused writes and the model's own kernels (RMSNorm's ``rsqrt``, SiLU's
+    ``exp``), in CI."""
+    import turboquant.compat as compat
+
+    launches = []
+    run = compat._InterpretedLaunch.run
+    monkeypatch.setattr(compat._InterpretedLaunch, "run", lambda self, *a, **k: launches.append(1) or run(self, *a, **k))
+    base = _llama()
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+
+    def generate(context):
+        model = turboquant.compile(copy.deepcopy(base), bits=bits, method=method)
+        with torch.no_grad(), context:
+            out = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static",
+                                 return_dict_in_generate=True, output_logits=True)
+        torch._dynamo.reset()
+        return out
+
+    torch._dynamo.reset()
+    cpp = generate(contextlib.nullcontext())
+    assert not launches
+    triton = generate(compat.triton_schedule_runs_on_cpu())
+    assert launches
+    assert torch.equal(cpp.sequences, triton.sequences)
+    for a, b in zip(cpp.past_key_values.layers, triton.past_key_values.layers):
+        assert torch.equal(a.keys.codes, b.keys.codes) and torch.equal(a.values.codes, b.values.codes)
+    want, got = torch.stack(cpp.logits), torch.stack(triton.logits)
+    assert float((want - got).norm() / want.norm()) < 1e-6
+
 @pytest.mark.parametrize("device, bits", [("cpu", 2), ("cpu", 3), ("cpu", 4), pytest.param("cuda", 4, marks=pytest.mark.gpu)])
 def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(device, bits):
     """Inductor's Triton schedule of the gpt-fast-style decode step (CPU tensors, never compiled;

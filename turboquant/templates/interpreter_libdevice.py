@@ -2,7 +2,7 @@
 
 Inductor's generated Triton kernels call ``libdevice.<name>``, whose functions are declarations that
 only a GPU backend resolves: under ``TRITON_INTERPRET=1`` they return None. This module gives the
-ones turboquant's cache writes need, written in ``tl`` terms (see
+ones turboquant's cache writes and the transformers models of its tests need, written in ``tl`` terms (see
 ``compat.triton_schedule_runs_on_cpu``). Any other name fails with the list of those it has.
 """
 
@@ -28,10 +28,23 @@ def sqrt(x):
     return tl.sqrt(x)
 
 
+@triton.jit
+def rsqrt(x):
+    # RMSNorm's (transformers' Llama family). The GPU's rsqrt is within 2 ulp, not correctly
+    # rounded: results on this schedule match the GPU's to that, not bit for bit
+    return 1.0 / tl.sqrt(x)
+
+
+@triton.jit
+def exp(x):
+    # the interpreter's tl.exp is numpy's; libdevice's expf is within 2 ulp of it
+    return tl.exp(x)
+
+
 class InterpreterLibdevice:
     """Stands in for a kernel module's ``libdevice``."""
 
-    _FNS = {"nearbyint": nearbyint, "rint": nearbyint, "sqrt": sqrt}
+    _FNS = {"nearbyint": nearbyint, "rint": nearbyint, "sqrt": sqrt, "rsqrt": rsqrt, "exp": exp}
 
     def __getattr__(self, name):
         if name in self._FNS:
