@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 from typing import Optional
 
 import torch
@@ -1506,8 +1507,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_pos_or_q = ring_pos if ring_w else q
     pointers = (q.data_ptr(), k_codes.data_ptr(), k_meta.data_ptr(), v_codes.data_ptr(), v_meta.data_ptr(),
                 mask_or_q.data_ptr(), ring_pos_or_q.data_ptr())
-    aligned = not (pointers[0] | pointers[1] | pointers[2] | pointers[3] | pointers[4] | pointers[5]
-                   | pointers[6]) & 15
+    aligned = not functools.reduce(operator.or_, pointers) & 15
     device = q.get_device()
     capturing = device >= 0 and torch.cuda.is_current_stream_capturing()
     key = (capturing, q.shape, q.stride(), q.dtype, device, k_codes.shape, k_codes.stride(), k_meta.shape,
