@@ -10,7 +10,7 @@ what Inductor's wrapper calls since ``ops.call_directly_from_inductor``), the ke
 (``decode_attention``: plan lookup, allocation, launch) and the launch alone; against bf16 SDPA over
 the same keys (the baseline's attention). Each figure is the least over rounds of fewer calls than
 the launch queue holds, so the host never waits for the GPU (``with_gpu_us``: the same loop until
-the GPU is done). Prints a table and writes CSV.
+the GPU is done). Without grad, as ``generate`` runs. Prints a table and writes CSV.
 """
 
 import argparse
@@ -69,6 +69,9 @@ def run(settings, S=1056, B=1, HQ=32, HKV=8, D=128):
     row("bf16", "aten._scaled_dot_product_efficient_attention",
         lambda: torch.ops.aten._scaled_dot_product_efficient_attention.default(q, kr, vr, bias, False))
     row("bf16", "torch.empty of the output", lambda: torch.empty((B, HQ, 1, D), device="cuda", dtype=torch.bfloat16))
+    row("bf16", "Tensor.new_empty of the output", lambda: q.new_empty((B, HQ, 1, D)))
+    row("bf16", "compat.empty_cuda of the output",
+        lambda: compat.empty_cuda((B, HQ, 1, D), (HQ * D, D, D, 1), torch.bfloat16, 0))
     for setting in settings:
         method, bits = setting.split("-")
         cfg = KVQuantConfig(method=method, bits=int(bits))
@@ -87,7 +90,7 @@ def run(settings, S=1056, B=1, HQ=32, HKV=8, D=128):
                        mask, q, out, out)
         pointers = tuple(t.data_ptr() for t in launch_args)
         stream = compat.current_raw_stream(0)
-        row(setting, "the split kernel's launch alone", lambda: plan.split(stream, launch_args, pointers))
+        row(setting, "the split kernel's launch alone", lambda: plan.split(stream, pointers))
         del kc, vc
     return rows
 
@@ -101,7 +104,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = run(args.settings, args.keys)
+    with torch.no_grad():  # as generate runs
+        rows = run(args.settings, args.keys)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'attention_call_host.csv'), COLUMNS)}")
     return 0

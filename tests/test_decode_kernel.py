@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
+from turboquant import KVQuantConfig, compat, dequantize_kv, quantize_kv, reference_attention
 from turboquant.testing import KERNEL_REL_TOL
 
 pytest.importorskip("triton")
@@ -303,6 +303,8 @@ def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
     assert torch.equal(first, again)
     if DEVICE == "cuda":
         assert plan.split.compiled is not None and plan.merge.compiled is not None
+        # the later calls (other, again) went through torch's C++ launcher
+        assert plan.split.static is not None and plan.merge.static is not None
     # later launches skip Triton's launch hooks while none is set, and a profiler's hook still sees them
     import triton
 
@@ -318,6 +320,34 @@ def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
     assert torch.equal(hooked, first)
     if DEVICE == "cuda":
         assert [m.get()["name"] for m in seen] == [plan.split.compiled.name, plan.merge.compiled.name]
+
+
+def test_the_static_launch_passes_the_run_time_arguments_of_the_compiled_kernel():
+    """torch's C++ launcher takes a compiled kernel's run-time arguments only: the pointers, then the
+    scalars Triton did not compile in (constexprs and specialised values out), and null scratch
+    pointers; its type string says how to pass each. Checked on a kernel compiled for sm_90 on the
+    CPU (the launch itself is the GPU tests': a plan's later calls go through it)."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    def body(x_ptr, y_ptr, n, scale, big, one, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i) * scale + n + big + one)
+
+    kernel = JITFunction(body)  # compiled even where the tests' TRITON_INTERPRET makes triton.jit interpret
+
+    sig = {"x_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32", "scale": "fp32", "big": "i64", "one": "constexpr",
+           "BLOCK": "constexpr"}
+    ck = triton.compile(ASTSource(kernel, sig, {"one": 1, "BLOCK": 32}, {}), target=GPUTarget("cuda", 90, 32))
+    scratch = sum(hasattr(ck.metadata, n) for n in ("global_scratch_size", "profile_scratch_size"))
+    # the tail after the two pointers is (n, scale, big, one, BLOCK): its first three are run-time
+    assert compat.static_launch_signature(ck, 2) == ((0, 1, 2), "OOifl" + "O" * scratch)
+    assert compat.static_launch_signature(ck, 3) is None  # n is no pointer
+    if not torch.cuda.is_available():
+        assert compat.static_cuda_launch(ck, 2) is None  # no C++ launcher in a CPU build
 
 
 @pytest.mark.gpu
@@ -344,6 +374,8 @@ def test_a_host_bound_call_is_one_launch_and_a_captured_call_splits():
     out = call()
     (eager_plan,) = da._PLANS.values()
     assert eager_plan.split.grid[1] == 1 and eager_plan.merge is None
+    # the plan's later calls launch through torch's C++ launcher, with the first call's result
+    assert eager_plan.split.static is not None and torch.equal(call(), out)
     call(num_splits=8)  # compiles what the captured call launches (8 splits of 128 keys): no compiling in a capture
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()

@@ -243,6 +243,83 @@ def current_raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+_EMPTY_STRIDED_CUDA = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)  # None in CPU-only builds
+
+
+def empty_cuda(size: tuple, stride: tuple, dtype: torch.dtype, device_index: int) -> torch.Tensor:
+    """An uninitialised CUDA tensor of ``size``/``stride`` on ``device_index``, allocated as Inductor's
+    wrappers allocate their buffers: one C call to the caching allocator, no argument parser or
+    dispatcher (``Tensor.new_empty``'s; a batch-1 decode step allocates once per layer). That call
+    takes the current device, so another device goes the ordinary way."""
+    if _EMPTY_STRIDED_CUDA is not None and device_index == torch._C._cuda_getDevice():
+        return _EMPTY_STRIDED_CUDA(size, stride, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype, device=torch.device("cuda", device_index))
+
+
+# Triton's scalar types as torch's C++ launcher for Triton kernels spells them (fp16/bf16 scalars left
+# out: the launcher passes every float as fp32)
+_STATIC_ARG_TYPES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B", "u16": "H",
+                     "u32": "I", "u64": "K", "fp32": "f", "f32": "f", "fp64": "d"}
+
+
+def static_launch_signature(kernel, n_pointers: int):
+    """``(tail_indices, arg_types)`` of Triton's compiled ``kernel`` for torch's C++ launcher of Triton
+    kernels: the positions, among the arguments after the first ``n_pointers`` (pointers, all taken at
+    run time), of the ones the compiled kernel takes at run time (constexprs and JIT-specialised values
+    are compiled in), and the launcher's type string of the run-time arguments and the two scratch
+    pointers Triton's kernels end with. None where a run-time argument has a type it does not pass."""
+    names = kernel.src.fn.arg_names
+
+    def index(key):  # Triton keys its signature by name, its constants by (index,) tuples
+        return names.index(key) if isinstance(key, str) else key[0] if isinstance(key, tuple) else key
+
+    signature = {index(k): t for k, t in kernel.src.signature.items()}
+    constants = {index(k) for k in getattr(kernel.src, "constants", {})}
+    runtime, types = [], []
+    for i in sorted(signature):
+        t = signature[i]
+        if t == "constexpr" or i in constants:
+            continue
+        if not t.startswith("*") and t not in _STATIC_ARG_TYPES:
+            return None
+        runtime.append(i)
+        types.append("O" if t.startswith("*") else _STATIC_ARG_TYPES[t])
+    if runtime[:n_pointers] != list(range(n_pointers)) or any(t != "O" for t in types[:n_pointers]):
+        return None
+    scratch = sum(hasattr(kernel.metadata, n) for n in ("global_scratch_size", "profile_scratch_size"))
+    return tuple(i - n_pointers for i in runtime[n_pointers:]), "".join(types) + "O" * scratch
+
+
+def static_cuda_launch(kernel, n_pointers: int):
+    """A launch of Triton's compiled ``kernel`` by torch's C++ launcher for Triton kernels (the one
+    Inductor launches its own kernels with): one C call with the kernel's run-time arguments only, where
+    Triton's launcher runs a Python frame and parses every argument, constexprs included (a batch-1
+    decode step launches once per layer, host-bound).
+
+    Returns ``(tail_indices, launch)`` (:func:`static_launch_signature`'s indices) with
+    ``launch(grid, stream, args)``, ``args`` the pointers (integers) and the run-time values after them;
+    or None where this torch has no such launcher (CPU builds) or the kernel needs what it does not do
+    (clusters, cooperative or programmatic-dependent launches, scratch memory)."""
+    launcher = getattr(torch._C, "_StaticCudaLauncher", None)
+    md = kernel.metadata
+    if (launcher is None or getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
+            or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0)
+            or getattr(md, "profile_scratch_size", 0)):
+        return None
+    signature = static_launch_signature(kernel, n_pointers)
+    if signature is None:
+        return None
+    tail_indices, arg_types = signature
+    scratch = (None,) * (len(arg_types) - n_pointers - len(tail_indices))  # null scratch pointers
+    kernel.run  # noqa: B018 -- loads the module: ``function`` is its handle
+    function, warps, shared, launch_kernel = kernel.function, md.num_warps, md.shared, launcher._launch_kernel
+
+    def launch(grid, stream, args):
+        launch_kernel(function, grid[0], grid[1], grid[2], warps, shared, arg_types, args + scratch, stream)
+
+    return tail_indices, launch
+
+
 def custom_graph_pass_base():
     """Inductor's ``CustomGraphPass`` (a pass with a ``uuid()``, so the FX graph cache can key on it)."""
     from torch._inductor.custom_graph_pass import CustomGraphPass

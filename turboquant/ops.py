@@ -194,6 +194,9 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
     rings_ok = (k_ring is None) == (v_ring is None)
     frames_ok = k_frame is None and v_frame is None
     if rings_ok and frames_ok and not unsupported:
+        if k_ring is None:  # positional: a decode step calls this once per layer, host-bound
+            return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask, is_causal,
+                                           scale, softcap)
         return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
                                        is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
                                        v_ring=v_ring, ring_pos=k_ring_pos)
@@ -221,8 +224,11 @@ torch.library.register_fake("turboquant::attention", _attention_fake, lib=_LIB)
 
 def _attention_direct(q, *args, **kwargs):
     """The op's kernel for ``q``'s device, as a compiled graph's wrapper calls it without the dispatcher
-    (:func:`call_directly_from_inductor`)."""
-    return (_attention_cuda if q.is_cuda else _attention_cpu)(q, *args, **kwargs)
+    (:func:`call_directly_from_inductor`). Generation runs without grad: there the CUDA kernel is called
+    as it is, without :func:`_without_grad`'s frame."""
+    if q.is_cuda:
+        return (_attention_cuda if torch.is_grad_enabled() else _attention_cuda.__wrapped__)(q, *args, **kwargs)
+    return _attention_cpu(q, *args, **kwargs)
 
 
 @functools.cache

@@ -1294,30 +1294,42 @@ class _Launch:
     """One kernel's launch in a plan: grid, launch options, the arguments after the tensors (static
     per shape), and the compiled kernel once the first call built it."""
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled")
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "static", "static_tail")
 
     def __init__(self, kernel, grid, tail, options):
         grid = (*grid, 1, 1)[:3]  # the launcher takes three dimensions
         self.kernel, self.grid, self.tail, self.options, self.compiled = kernel, grid, tail, options, None
+        self.static = self.static_tail = None
 
-    def __call__(self, stream, tensors: tuple, pointers: tuple) -> None:
-        """The compiled kernel launched directly, as the JIT would launch it: the JIT's argument
-        binding and specialisation cost the host more than the launch itself (50 µs against 17 for
-        the split kernel on the H200's host). The first call goes through the JIT with ``tensors``,
-        which compiles. A plan's key holds every value the JIT specialises on (integers exactly,
-        pointer alignment), so the kernel compiled for the first call serves them all; later calls
-        pass the tensors' ``pointers``, which the launcher takes as they are (for a tensor it calls
-        ``data_ptr`` and asks the driver about the pointer: 2.7 µs a call for the split kernel's
-        arguments, H200 host)."""
-        ck = self.compiled
-        if ck is None:
-            ck = self.kernel[self.grid](*tensors, *self.tail, **self.options)
-            if isinstance(ck, triton.compiler.CompiledKernel):  # None under TRITON_INTERPRET
-                self.compiled = ck
-            return
-        args = pointers + self.tail
+    def jit(self, tensors: tuple) -> None:
+        """The first launch: through Triton's JIT with the tensors, which compiles (and, under
+        ``TRITON_INTERPRET``, runs the kernel on CPU tensors, which keeps no compiled kernel)."""
+        ck = self.kernel[self.grid](*tensors, *self.tail, **self.options)
+        if isinstance(ck, triton.compiler.CompiledKernel):
+            static = compat.static_cuda_launch(ck, len(tensors))
+            if static is not None:
+                self.static_tail = tuple(self.tail[i] for i in static[0])
+                self.static = static[1]
+            self.compiled = ck
+
+    def __call__(self, stream, pointers: tuple) -> None:
+        """The compiled kernel launched directly, by torch's C++ launcher for Triton kernels where it can
+        (:func:`~turboquant.compat.static_cuda_launch`: the runtime arguments only, one C call), else as
+        the JIT would launch it. The JIT's argument binding and specialisation cost the host more than
+        the launch itself (50 µs against 17 for the split kernel on the H200's host), and the split
+        kernel's launch alone took 12.4 µs through Triton's launcher and 7.6 through torch's (H200
+        hosts of two calls, 2026-12-04). A plan's key holds every value the
+        JIT specialises on (integers exactly, pointer alignment), so the kernel :meth:`jit` compiled for
+        the first call serves them all; later calls pass the tensors' ``pointers``, which the launchers
+        take as they are (for a tensor Triton's calls ``data_ptr`` and asks the driver about the pointer:
+        2.7 µs a call for the split kernel's arguments, H200 host)."""
         hooks = triton.knobs.runtime
         enter, leave = _hook(hooks.launch_enter_hook), _hook(hooks.launch_exit_hook)
+        if self.static is not None and enter is None and leave is None:
+            self.static(self.grid, stream, pointers + self.static_tail)
+            return
+        ck = self.compiled
+        args = pointers + self.tail
         metadata = None if enter is None else ck.launch_metadata(self.grid, stream, *args)
         ck.run(*self.grid, stream, ck.function, ck.packed_metadata, metadata, enter, leave, *args)
 
@@ -1335,7 +1347,7 @@ class _Plan:
     decode step is host-bound and runs one call per layer; with a plan a call costs a dictionary
     lookup, two allocations and the launches."""
 
-    __slots__ = ("out_shape", "n_parts", "ws_numel", "tables", "table_pointers", "split", "merge")
+    __slots__ = ("out_shape", "out_stride", "n_parts", "ws_numel", "tables", "table_pointers", "split", "merge")
 
 
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
@@ -1423,6 +1435,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     final = n_parts == 1  # one split normalises in place
     plan = _Plan()
     plan.out_shape = (B, HQ, L, D)
+    plan.out_stride = (HQ * L * D, L * D, D, 1)
     plan.n_parts = n_parts
     plan.ws_numel = 0 if final else B * HQ * L * n_parts * (VP * VPW + 2)
     plan.tables = (_lut(k_spec, D, q), _lut(v_spec, D, q), _rotation(k_spec, D, q), _rotation(v_spec, D, q))
@@ -1522,8 +1535,12 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)
-    out = q.new_empty(plan.out_shape)  # contiguous; torch.empty(..., device=q.device) parses more (~1.4 µs, CPU)
-    ws = out if plan.merge is None else q.new_empty(plan.ws_numel, dtype=torch.float32)
+    if device >= 0:
+        out = compat.empty_cuda(plan.out_shape, plan.out_stride, q.dtype, device)
+        ws = out if plan.merge is None else compat.empty_cuda((plan.ws_numel,), (1,), torch.float32, device)
+    else:
+        out = q.new_empty(plan.out_shape)
+        ws = out if plan.merge is None else q.new_empty(plan.ws_numel, dtype=torch.float32)
     if ring_w:
         B, HQ, L, D = q.shape
         n_rp = B * HQ * L * plan.n_parts
@@ -1532,11 +1549,17 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         pl = ws[po.numel() + n_rp:].view(B, HQ, L, plan.n_parts)
         _ring_part(q, k_ring, v_ring, ring_pos, k_codes.shape[2], attn_mask, is_causal, scale, softcap,
                    po[..., -1, :D], pm[..., -1], pl[..., -1])
-    stream = compat.current_raw_stream(device) if device >= 0 else None
+    split, merge = plan.split, plan.merge
+    if split.compiled is None or (merge is not None and merge.compiled is None):
+        # the first call of a plan (every call under the interpreter)
+        split.jit((q, k_codes, k_meta, v_codes, v_meta, *(q if t is None else t for t in plan.tables), mask_or_q,
+                   ring_pos_or_q, out, ws))
+        if merge is not None:
+            merge.jit((ws, out))
+        return out
+    stream = compat.current_raw_stream(device)
     out_pointers = (out.data_ptr(), ws.data_ptr())
-    plan.split(stream, (q, k_codes, k_meta, v_codes, v_meta, *(q if t is None else t for t in plan.tables),
-                        mask_or_q, ring_pos_or_q, out, ws),
-               pointers[:5] + plan.table_pointers + pointers[5:] + out_pointers)
-    if plan.merge is not None:
-        plan.merge(stream, (ws, out), out_pointers[::-1])
+    split(stream, pointers[:5] + plan.table_pointers + pointers[5:] + out_pointers)
+    if merge is not None:
+        merge(stream, out_pointers[::-1])
     return out
