@@ -77,7 +77,7 @@ def test_forward_logits_bits_and_bytes():
     with torch.no_grad():
         ref = base(ids).logits
     ratios, errs = {}, {}
-    for bits in (8, 4, 3, 2):
+    for bits in (8, 4, 2):  # compiled 3-bit caches and their row bytes: the protected-layers tests below
         model = turboquant.compile(copy.deepcopy(base), bits=bits)
         cache = transformers.DynamicCache(config=model.config)
         with torch.no_grad():
@@ -747,12 +747,13 @@ def test_compiled_steps_on_the_triton_schedule_match_the_cpp_ones(method, bits, 
         assert float((a - b).norm() / a.norm()) < 1e-6
 
 
-@pytest.mark.parametrize("method, bits", [("affine", 4), ("turbo", 3)])
+@pytest.mark.parametrize("method, bits", [("affine", 4)])
 def test_transformers_generate_on_the_triton_schedule_matches_the_cpp_one(method, bits, monkeypatch):
     """A transformers Llama (static cache: held buffers, the cache built in the graph) generates the
     same tokens, logits and cache codes with the Triton schedule a GPU gets as with Inductor's C++
     backend: the GPU's fused writes and the model's own kernels (RMSNorm's ``rsqrt``, SiLU's
-    ``exp``), in CI."""
+    ``exp``), in CI. Affine only (a turbo-3 case took 82 s of the suite): turbo's fused writes on
+    this schedule are the gpt-fast-style test's (above), the transformers-specific parts the same."""
     import turboquant.compat as compat
 
     launches = []
