@@ -24,7 +24,9 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # 
 
 
 def host_us(fn, calls=400, rounds=9):
-    # fewer calls than the launch queue holds (~1000): the host never waits for the GPU
+    # attention_call_host._host_us's loop, not imported: that module puts this repository's tree first on
+    # sys.path, and here PYTHONPATH's tree must win. Fewer calls than the launch queue holds (~1000): the
+    # host never waits for the GPU
     for _ in range(50):
         fn()
     best = float("inf")

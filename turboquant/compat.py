@@ -247,10 +247,13 @@ _EMPTY_STRIDED_CUDA = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", No
 
 
 def empty_cuda(size: tuple, stride: tuple, dtype: torch.dtype, device_index: int) -> torch.Tensor:
-    """An uninitialised CUDA tensor of ``size``/``stride`` on ``device_index``, allocated as Inductor's
-    wrappers allocate their buffers: one C call to the caching allocator, no argument parser or
-    dispatcher (``Tensor.new_empty``'s; a batch-1 decode step allocates once per layer). That call
-    takes the current device, so another device goes the ordinary way."""
+    """An uninitialised tensor of ``size``/``stride`` on CUDA device ``device_index`` (on the CPU for
+    a negative index, as ``Tensor.get_device`` gives), allocated as Inductor's wrappers allocate their
+    buffers: one C call to the caching allocator, no argument parser or dispatcher (``Tensor.new_empty``'s;
+    a batch-1 decode step allocates once per layer). That call takes the current device, so another
+    device goes the ordinary way."""
+    if device_index < 0:
+        return torch.empty_strided(size, stride, dtype=dtype)
     if _EMPTY_STRIDED_CUDA is not None and device_index == torch._C._cuda_getDevice():
         return _EMPTY_STRIDED_CUDA(size, stride, dtype)
     return torch.empty_strided(size, stride, dtype=dtype, device=torch.device("cuda", device_index))

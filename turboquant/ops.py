@@ -194,12 +194,9 @@ def _attention_cuda(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, s
     rings_ok = (k_ring is None) == (v_ring is None)
     frames_ok = k_frame is None and v_frame is None
     if rings_ok and frames_ok and not unsupported:
-        if k_ring is None:  # positional: a decode step calls this once per layer, host-bound
-            return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask, is_causal,
-                                           scale, softcap)
-        return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask=attn_mask,
-                                       is_causal=is_causal, scale=scale, softcap=softcap, k_ring=k_ring,
-                                       v_ring=v_ring, ring_pos=k_ring_pos)
+        # positional where it can: a decode step calls this once per layer, host-bound
+        return kernel.decode_attention(q, k_codes, k_meta, v_codes, v_meta, ks, vs, head_dim, attn_mask, is_causal,
+                                       scale, softcap, k_ring=k_ring, v_ring=v_ring, ring_pos=k_ring_pos)
     return _attention_decoded(q, k_codes, k_meta, v_codes, v_meta, attn_mask, is_causal, scale, k_spec, v_spec,
                               head_dim, v_head_dim, softcap, k_ring, k_ring_pos, v_ring, v_ring_pos, k_frame, v_frame)
 

@@ -1535,12 +1535,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)
-    if device >= 0:
-        out = compat.empty_cuda(plan.out_shape, plan.out_stride, q.dtype, device)
-        ws = out if plan.merge is None else compat.empty_cuda((plan.ws_numel,), (1,), torch.float32, device)
-    else:
-        out = q.new_empty(plan.out_shape)
-        ws = out if plan.merge is None else q.new_empty(plan.ws_numel, dtype=torch.float32)
+    out = compat.empty_cuda(plan.out_shape, plan.out_stride, q.dtype, device)
+    ws = out if plan.merge is None else compat.empty_cuda((plan.ws_numel,), (1,), torch.float32, device)
     if ring_w:
         B, HQ, L, D = q.shape
         n_rp = B * HQ * L * plan.n_parts
