@@ -61,7 +61,7 @@ def run(settings, S=1056, B=1, HQ=32, HKV=8, D=128):
     def row(setting, call, fn):
         host, total = _host_us(fn)
         rows.append({"setting": setting, "call": call, "host_us": host, "with_gpu_us": total})
-        print(f"{setting:9s} {call:45s} host {host:7.2f} µs  with GPU {total:7.2f}", flush=True)
+        print(f"{setting:9s} {call:66s} host {host:7.2f} µs  with GPU {total:7.2f}", flush=True)
 
     kr, vr = (t[:, :, None].expand(B, HKV, HQ // HKV, S, D).reshape(B, HQ, S, D) for t in (k, v))
     bias = torch.zeros(B, HQ, 1, S, device="cuda", dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
@@ -90,7 +90,9 @@ def run(settings, S=1056, B=1, HQ=32, HKV=8, D=128):
                        mask, q, out, out)
         pointers = tuple(t.data_ptr() for t in launch_args)
         stream = compat.current_raw_stream(0)
-        row(setting, "the split kernel's launch alone", lambda: plan.split(stream, pointers))
+        launcher = (f"{'torch' if plan.split.static is not None else 'Triton'}'s launcher, grid {plan.split.grid[:2]}, "
+                    f"{plan.split.options.get('num_warps')} warps")
+        row(setting, f"the split kernel's launch alone ({launcher})", lambda: plan.split(stream, pointers))
         del kc, vc
     return rows
 

@@ -4,6 +4,8 @@
     python benchmarks/decode_step_host.py --settings bf16 affine-8 --context 4096
     python benchmarks/decode_step_host.py --tiny --device cpu --context 16 --new-tokens 5   # smoke
     python benchmarks/decode_step_host.py --settings bf16 affine-4 --profile   # + cProfile per setting
+    # settings compiled in parallel processes, then timed one process at a time:
+    for s in affine-8 turbo-8; do python benchmarks/decode_step_host.py --settings bf16 $s --turns /tmp/turns 2 & done; wait
 
 The ~1B Llama of ``tq bench`` (random bf16 weights, static cache, torch.compile default mode),
 batch 1: a step is bound by the host launching kernels, so turboquant's per-step Python work
@@ -16,7 +18,9 @@ each timed with ``perf_counter`` around the call. Prints a table and writes CSV.
 
 import argparse
 import collections
+import contextlib
 import copy
+import fcntl
 import functools
 import os
 import sys
@@ -97,7 +101,29 @@ def _profile(model, ids, new_tokens, path, top=45, **kw):
     return path
 
 
-def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None):
+@contextlib.contextmanager
+def _turn(turns):
+    """With ``turns = (folder, n)``: wait until all ``n`` processes sharing ``folder`` have compiled,
+    then hold the folder's lock while timing. Compiling is mostly the host's work and spreads over its
+    cores, while the timings are host-bound and must run alone: so processes compile together and
+    time in turn (device time is scarce; a 1B model compiles in 1–4 minutes per setting)."""
+    if turns is None:
+        yield
+        return
+    folder, n = turns[0], int(turns[1])
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, f"compiled-{os.getpid()}"), "w").close()
+    while sum(name.startswith("compiled-") for name in os.listdir(folder)) < n:
+        time.sleep(1.0)
+    with open(os.path.join(folder, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None, turns=None):
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     restore_triton = _time_triton_compiles(acc)
@@ -131,26 +157,28 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
             # host-bound timings only ever get slower by noise: each quantity's least over the rounds
             # counts, the prefill-only run's and the whole generate's apart (the least of their
             # difference would favour rounds whose prefill-only run was slowed)
-            for _ in range(repeats):
-                for setting, model in models.items():
-                    timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches
-                    acc.clear()
-                    _, _, t1 = timed_generate(model, ids, 1, **kw)  # the prefill alone
-                    prefill = {"wall": t1, **acc}
-                    acc.clear()
-                    _, _, tn = timed_generate(model, ids, new_tokens, **kw)
-                    whole = {"wall": tn, **acc}
-                    least = best.setdefault(setting, {"prefill": {}, "whole": {}})
-                    for run, times in (("prefill", prefill), ("whole", whole)):
-                        for name in ("wall", *PARTS):
-                            t = times.get(name, 0.0)
-                            least[run][name] = min(least[run].get(name, t), t)
-                    print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in
-                                                      _per_step(prefill, whole, steps).items()), flush=True)
-        if profile_dir:
-            os.makedirs(profile_dir, exist_ok=True)
-            for setting, model in models.items():
-                print(f"wrote {_profile(model, ids, new_tokens, os.path.join(profile_dir, f'profile_{setting}.txt'), **kw)}")
+            with _turn(turns):
+                for _ in range(repeats):
+                    for setting, model in models.items():
+                        timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches
+                        acc.clear()
+                        _, _, t1 = timed_generate(model, ids, 1, **kw)  # the prefill alone
+                        prefill = {"wall": t1, **acc}
+                        acc.clear()
+                        _, _, tn = timed_generate(model, ids, new_tokens, **kw)
+                        whole = {"wall": tn, **acc}
+                        least = best.setdefault(setting, {"prefill": {}, "whole": {}})
+                        for run, times in (("prefill", prefill), ("whole", whole)):
+                            for name in ("wall", *PARTS):
+                                t = times.get(name, 0.0)
+                                least[run][name] = min(least[run].get(name, t), t)
+                        print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                                          _per_step(prefill, whole, steps).items()), flush=True)
+                if profile_dir:
+                    os.makedirs(profile_dir, exist_ok=True)
+                    for setting, model in models.items():
+                        path = os.path.join(profile_dir, f"profile_{setting}.txt")
+                        print(f"wrote {_profile(model, ids, new_tokens, path, **kw)}")
         skips = dynamo_counters()["inductor"]["cudagraph_skips"]
         print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:
@@ -179,13 +207,15 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out)")
+    p.add_argument("--turns", nargs=2, metavar=("FOLDER", "N"), default=None,
+                   help="N processes sharing FOLDER compile together, then time one at a time")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
         return 2
     rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode,
-               profile_dir=args.out if args.profile else None)
+               profile_dir=args.out if args.profile else None, turns=args.turns)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_step_host.csv'), COLUMNS)}")
     return 0

@@ -214,11 +214,12 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("device", _WRITE_DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_compiled_turbo_quantize_on_write_is_the_eager_encoding(bits, dtype, device):
-    """A compiled turbo write rotates by a reduction over index-computed signs (no matmul call),
-    eager by a float64 matmul: both round the same sums, so the codes are the eager codes and
-    the stored norm differs at most by the rounding of the norm's own sum (one fp16 step)."""
+    """A compiled turbo write rotates by a reduction over the Hadamard matrix's signs (an int8
+    constant; no matmul call), eager by a float64 matmul: both round the same sums, so the codes are
+    the eager codes and the stored norm differs at most by the rounding of the norm's own sum (one
+    fp16 step)."""
     from turboquant.cache import _encode_rows
 
     device, rows, context = _compiled_on(device)

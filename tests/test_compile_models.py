@@ -781,10 +781,11 @@ def test_transformers_generate_on_the_triton_schedule_matches_the_cpp_one(method
     want, got = torch.stack(cpp.logits), torch.stack(triton.logits)
     assert float((want - got).norm() / want.norm()) < 1e-6
 
-@pytest.mark.parametrize("device, bits", [("cpu", 2), ("cpu", 3), ("cpu", 4), pytest.param("cuda", 4, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device, bits", [("cpu", 2), ("cpu", 3), ("cpu", 4), ("cpu", 8),
+                                         pytest.param("cuda", 4, marks=pytest.mark.gpu)])
 def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(device, bits):
     """Inductor's Triton schedule of the gpt-fast-style decode step (CPU tensors, never compiled;
-    or compiled on a GPU): a turbo cache write rotates by a reduction over index-computed signs
+    or compiled on a GPU): a turbo cache write rotates by a reduction over the Hadamard signs
     (head_dim 64, a power of two), so it calls no matmul library kernel (a cuBLAS fp32 GEMM per
     write cost 50 µs on the H200), copies no constant, and packs and stores in the kernel that
     searches the codebook. The step launches no more kernels than dense, and calls the attention op's
@@ -806,8 +807,48 @@ def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(dev
     # a kernel of its own that copies a constant (a fused kernel that reads one names it too)
     assert not any(re.fullmatch(r"triton_poi_fused_lift_fresh_\d+", k) for k in quantized_kernels), quantized_kernels
     writes = [k for k in quantized_kernels if "index_put" in k]
-    assert len(writes) == 4 and all("bitwise_or" in k for k in writes), quantized_kernels  # packed where stored
+    # packed where stored (8-bit codes are bytes: nothing to combine)
+    assert len(writes) == 4 and all(bits == 8 or "bitwise_or" in k for k in writes), quantized_kernels
     assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
+
+
+def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
+    """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
+    import transformers
+
+    from turboquant.integrations.transformers import quantize_cache
+
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    if quantized is not None:
+        quantize_cache(cache, lambda i: quantized)
+    kw = {cache_kwarg(model.forward): cache}
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        model(ids, cache_position=torch.arange(9), **kw)
+        code = triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw)
+    names = re.findall(r"(triton_\w+) = async_compile", code)
+    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", code)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_turbo_write_is_its_rotation_and_its_store_fused_with_the_producer():
+    """A transformers Llama at head_dim 128 (the 1B benchmark's): a turbo cache write is two kernels,
+    the rotation's reduction, into which K's RoPE fuses, and the kernel that searches, packs and stores,
+    so turbo's decode step launches affine's kernels plus one per cache. With the signs computed from
+    indices K's ``[rows, d, d]`` product had a kernel of its own (an expression past Inductor's inlining
+    threshold), and 8-bit codes copied their boundaries for ``bucketize`` (a kernel per write): 18
+    launches here where now 15 (the H200's step: 9 write kernels per layer, 5 now; a launch costs a
+    batch-1 step ~20 µs of host time there)."""
+    base = tiny_hf_model("llama", head_dim=128, num_hidden_layers=1, num_attention_heads=8, hidden_size=256)
+    affine = _hf_decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4), turboquant.KVQuantConfig(bits=4))
+    torch._dynamo.reset()
+    cfg = turboquant.KVQuantConfig(bits=8, method="turbo")
+    turbo = _hf_decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=8, method="turbo"), cfg)
+    assert len(turbo) == len(affine) + 2, (turbo, affine)
+    assert not any("lift_fresh" in k and "index" not in k and "sum" not in k for k in turbo), turbo
+    assert sum("index" in k for k in turbo) == 2, turbo  # the stores
+    # K's rotation reads the RoPE'd key in its own reduction: no pointwise kernel of the rotation's signs
+    assert not any(k.startswith("triton_poi") and "bitwise" in k for k in turbo), turbo
 
 
 def test_forward_in_grad_mode_runs_without_gradient_and_warns_once():

@@ -126,7 +126,7 @@ def test_rescale_norm_is_turbo_only():
         KVQuantConfig(method="affine", rescale_norm=False)
 
 
-@given(d=st.sampled_from([32, 64, 80, 128]), bits=st.sampled_from([2, 3, 4]), rows=st.integers(1, 17),
+@given(d=st.sampled_from([32, 64, 80, 128]), bits=st.sampled_from([2, 3, 4, 8]), rows=st.integers(1, 17),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), rescale=st.booleans(),
        poison=st.booleans(), seed=st.integers(0, 2**16))
 def test_packed_form_is_the_oracle_encoding(d, bits, rows, dtype, rescale, poison, seed):
@@ -148,7 +148,7 @@ def test_packed_form_is_the_oracle_encoding(d, bits, rows, dtype, rescale, poiso
     assert rel <= 2 ** -10  # one fp16 step at most
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_codebook_search_is_bucketize_at_and_between_the_boundaries(bits, dtype):
     """The packed form's binary search (table loads) against ``torch.bucketize``: every boundary, its
@@ -168,7 +168,7 @@ def test_codebook_search_is_bucketize_at_and_between_the_boundaries(bits, dtype)
         _codebook_search(v, torch.cat([bounds, bounds[-1:] + 1]))
 
 
-@pytest.mark.parametrize("bits,d", [(2, 128), (3, 128), (4, 128), (3, 64)])
+@pytest.mark.parametrize("bits,d", [(2, 128), (3, 128), (4, 128), (3, 64), (8, 128)])
 def test_compiled_packed_form_is_its_eager_encoding(bits, d):
     """The packed form through Inductor (its C++ backend here; the GPU's Triton schedule compiles the
     same graph): the search's and the rescale's table constants read by computed index give the eager
@@ -185,25 +185,20 @@ def test_compiled_packed_form_is_its_eager_encoding(bits, d):
     assert ((compiled[1].float() - eager[1].float()).abs() / eager[1].float().clamp_min(1e-30)).max() <= 2 ** -10
 
 
-def test_packed_form_refuses_eight_bits():
-    from turboquant.quant.turbo import turbo_quantize_packed
-
-    with pytest.raises(ValueError, match="bits=8"):
-        turbo_quantize_packed(torch.zeros(1, 64), 8, 0, torch.float16)
-
-
 @given(logd=st.integers(0, 8), rows=st.integers(1, 9), dtype=st.sampled_from([torch.float32, torch.bfloat16,
                                                                               torch.float16]),
        spread=st.floats(0, 12), seed=st.integers(0, 2**16))
-def test_the_index_computed_rotation_is_the_matmul_rotation(logd, rows, dtype, spread, seed):
+def test_the_reduction_rotation_is_the_matmul_rotation(logd, rows, dtype, spread, seed):
     """The two forms of turbo's rotation (a float64 matmul by the signed Hadamard matrix in eager
-    code, a reduction over signs computed from indices in compiled graphs) give equal results in
-    the input's dtype, outliers included: the float64 sums are exact or nearly, then round once."""
-    from turboquant.quant.rotation import signed_hadamard, signed_hadamard_from_index
+    code, a reduction over its signs held as int8 in compiled graphs) give equal results in the
+    input's dtype, outliers included: the float64 sums are exact or nearly, then round once."""
+    from turboquant.quant.rotation import signed_hadamard
 
     d = 1 << logd
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, d, generator=gen) * torch.exp2(torch.rand(rows, d, generator=gen) * spread)).to(dtype)
     by_matmul = (x.double() @ signed_hadamard(d, seed % 5)).to(dtype)
-    by_reduction = (x.double()[..., :, None] * signed_hadamard_from_index(d, seed % 5)).sum(-2).to(dtype)
+    signs = signed_hadamard(d, seed % 5, dtype=torch.int8)
+    assert torch.equal(signs.double(), signed_hadamard(d, seed % 5))
+    by_reduction = (x.double()[..., :, None] * signs).sum(-2).to(dtype)
     assert torch.equal(by_matmul, by_reduction)

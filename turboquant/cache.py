@@ -274,8 +274,8 @@ def _encode_rows(x: torch.Tensor, spec: TensorQuantSpec):
             return affine_quantize_packed(x, spec.bits, spec.metadata_dtype)
         codes, meta = encode(x, spec)
         return pack_codes(codes, spec.bits), metadata_word(meta[..., 0, 0], meta[..., 0, 1]).unsqueeze(-1)
-    if spec.method == "turbo" and spec.bits <= 4 and schedules_with_triton(x):
-        # after the rotation's matmul, one Triton kernel per cache write (see turbo_quantize_packed)
+    if spec.method == "turbo" and schedules_with_triton(x):
+        # after the rotation's reduction, one Triton kernel per cache write (see turbo_quantize_packed)
         return turbo_quantize_packed(x, spec.bits, spec.seed, spec.metadata_dtype, spec.rescale_norm)
     codes, meta = encode(x, spec)
     return pack_codes(codes, spec.bits), meta.reshape(*x.shape[:-1], -1)

@@ -10,7 +10,7 @@ import torch
 
 from ..compat import real_tolist, real_tensor_mode, tracing_with_fake_tensors
 
-__all__ = ["as_constant", "as_literals"]
+__all__ = ["as_constant"]
 
 
 def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=None) -> torch.Tensor:
@@ -82,17 +82,3 @@ def _copy_outside_graph_pools(table: torch.Tensor, device, dtype) -> torch.Tenso
 
 
 _ON_DEVICE: dict = {}
-
-
-def as_literals(fn: Callable[..., tuple]) -> Callable[..., tuple]:
-    """``fn`` (pure, returning Python numbers derived from tables) cached, evaluated with real tensors
-    even while a compiler traces with fake ones, and taken by Dynamo as a constant result: the
-    numbers enter compiled kernels as literals, never as tensors the compiled step would copy."""
-    cached = functools.lru_cache(maxsize=None)(fn)
-
-    @functools.wraps(fn)
-    def literals(*key):
-        with real_tensor_mode():
-            return cached(*key)
-
-    return torch.compiler.assume_constant_result(literals)

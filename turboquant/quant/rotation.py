@@ -17,9 +17,9 @@ import functools
 
 import torch
 
-from .constants import as_constant, as_literals
+from .constants import as_constant
 
-__all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "signed_hadamard_from_index", "hadamard_rotation"]
+__all__ = ["rotation_matrix", "is_power_of_two", "signed_hadamard", "hadamard_rotation"]
 
 
 def is_power_of_two(n: int) -> bool:
@@ -70,32 +70,3 @@ def hadamard_rotation(head_dim: int, seed: int = 0, *, device=None, dtype=torch.
     stored row-major like :func:`rotation_matrix`, so a kernel reads its rows (or a row's strided
     columns) as contiguous runs, as it reads ``R``'s; entries ±1, exact in fp16."""
     return as_constant(_hadamard_rotation_cpu, int(head_dim), int(seed), device=device, dtype=dtype)
-
-
-@as_literals  # Dynamo takes the words as literals (it does not trace the seeded draw)
-def _sign_words(d: int, seed: int) -> tuple:
-    """σ's negative entries as 32-bit words (bit ``i mod 32`` of word ``i // 32``)."""
-    negative = [v < 0 for v in _rotation_cpu(d, seed)[0].tolist()]
-    return tuple(sum(1 << b for b in range(32) if i + b < d and negative[i + b]) for i in range(0, d, 32))
-
-
-def signed_hadamard_from_index(head_dim: int, seed: int = 0, *, device=None) -> torch.Tensor:
-    """:func:`signed_hadamard` computed from ``arange`` and integer literals, no tensor constant:
-    inside a compiled graph it is index arithmetic that Inductor inlines into the kernel reading
-    it (``H_ij = (-1)^popcount(i & j)``, σ from literal bit words), so a rotation written as
-    ``(x[..., :, None] * M).sum(-2)`` is one reduction kernel instead of a matmul library call."""
-    d = int(head_dim)
-    if not is_power_of_two(d):
-        raise ValueError(f"head_dim={d}: the signed Hadamard form needs a power of two")
-    i = torch.arange(d, device=device)
-    words = _sign_words(d, int(seed))
-    word = torch.full_like(i, words[0])
-    for k, w in enumerate(words[1:], 1):
-        word = torch.where((i >> 5) == k, w, word)
-    negative = (word >> (i & 31)) & 1
-    p = i[:, None] & i[None, :]
-    shift = 1 << max(0, (d - 1).bit_length() - 1).bit_length()  # fold the index bits down to a parity
-    while shift:
-        p = p ^ (p >> shift)
-        shift >>= 1
-    return (1 - 2 * ((p ^ negative[:, None]) & 1)).to(torch.float64)

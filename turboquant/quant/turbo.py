@@ -26,7 +26,7 @@ from .affine import _finite, to_metadata
 from .constants import as_constant
 from .codebooks import codebook_boundaries, lloyd_max_codebook
 from .packing import byte_sources, pack_sources, slot_owners
-from .rotation import is_power_of_two, rotation_matrix, signed_hadamard, signed_hadamard_from_index
+from .rotation import is_power_of_two, rotation_matrix, signed_hadamard
 
 __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
 
@@ -89,13 +89,18 @@ def _rotated(xw: torch.Tensor, seed: int):
 
 
 def _signed_rotation(xw: torch.Tensor, seed: int) -> torch.Tensor:
-    """``xw @ M`` in float64 (``M = √d·Rᵀ``, power-of-two head_dim). Compiled, it is a reduction over
-    signs computed from indices (:func:`~.rotation.signed_hadamard_from_index`), which Inductor
-    makes one kernel: a matmul there is a library call per cache write (cuBLAS' fp32 GEMM took
-    50 µs per one-token write on the H200). Eager, it is a matmul."""
+    """``xw @ M`` in float64 (``M = √d·Rᵀ``, power-of-two head_dim). Compiled, it is a reduction
+    over ``M``'s signs, an int8 graph constant read by pointwise loads (Inductor copies no constant
+    that only loads read), which Inductor makes one kernel with the row's producer (K's RoPE): a
+    matmul there is a library call per cache write (cuBLAS' fp32 GEMM took 50 µs per one-token
+    write on the H200). Signs computed from indices (parity folds, sign words by selects) had put
+    the producer's expression past Inductor's inlining threshold: K's product ``[rows, d, d]`` was
+    realized by a kernel of its own (CPU's Triton schedule), and on the H200 the signs had one per
+    write (decode step of the 1B Llama, turbo-8: 9 kernels per layer for the writes, 5 now). Eager,
+    it is a matmul."""
     d = xw.shape[-1]
     if torch.compiler.is_compiling() or tracing_with_fake_tensors():
-        return (xw.double()[..., :, None] * signed_hadamard_from_index(d, seed, device=xw.device)).sum(-2)
+        return (xw.double()[..., :, None] * signed_hadamard(d, seed, device=xw.device, dtype=torch.int8)).sum(-2)
     return xw.double() @ signed_hadamard(d, seed, device=xw.device)  # eager: not the [rows, d, d] product
 
 
@@ -121,7 +126,7 @@ def _squared_levels(d: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
     """:func:`turbo_quantize` with its codes packed (``uint8 [..., packed_size(D, bits)]``, meta
     ``[..., 1]``), in the form Inductor's Triton backend fuses into the one kernel that stores a
-    cache row after the rotation's kernel (2, 3 and 4 bits; for a power-of-two head_dim the row's
+    cache row after the rotation's kernel (2, 3, 4 and 8 bits; for a power-of-two head_dim the row's
     norm is taken in that kernel too).
 
     The codes come out in the packed row's iteration space (:func:`~.packing.byte_sources`). The
@@ -132,8 +137,6 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     (docs/design.md). The codes are :func:`turbo_quantize`'s; the stored norm differs by rounding
     only (the decoded norm sums in another order).
     """
-    if bits > 4:
-        raise ValueError(f"bits={bits}: the packed form serves 2, 3 and 4 bits (8-bit codes are bytes already)")
     xw = _finite(x)
     d, owners = x.shape[-1], slot_owners(bits, x.device)
     if is_power_of_two(d):  # the norm from the slots, in the kernel that packs (not one of its own)
