@@ -100,7 +100,8 @@ def test_decode_step_host_breakdown_smoke(tmp_path):
     # 8 tokens (7 steps) and 5 rounds: the per-step figure is a difference of two timed generates, which a
     # busy machine (the other xdist worker compiling) must not shrink below the parts inside it
     assert bench.main(["--tiny", "--device", "cpu", "--context", "12", "--new-tokens", "8", "--repeats", "5",
-                       "--settings", "bf16", "affine-4", "--out", str(tmp_path), "--profile"]) == 0
+                       "--settings", "bf16", "affine-4", "--out", str(tmp_path), "--profile",
+                       "--turns", str(tmp_path / "turns"), "1"]) == 0
     assert subclass_utils.runtime_unwrap_tensor_subclasses is unwrap and kernel.decode_attention is launcher
     rows = {r["setting"]: r for r in csv.DictReader(open(tmp_path / "decode_step_host.csv"))}
     assert set(rows) == {"bf16", "affine-4"} and float(rows["bf16"]["vs_bf16"]) == 1.0
