@@ -102,7 +102,7 @@ def _profile(model, ids, new_tokens, path, top=45, **kw):
 
 
 @contextlib.contextmanager
-def _turn(turns):
+def in_turn(turns):
     """With ``turns = (folder, n)``: wait until all ``n`` processes sharing ``folder`` have compiled,
     then hold the folder's lock while timing. Compiling is mostly the host's work and spreads over its
     cores, while the timings are host-bound and must run alone: so processes compile together and
@@ -123,15 +123,51 @@ def _turn(turns):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def step_inputs(context: int, device: str, tiny: bool):
+    """(the ~1B Llama of ``tq bench`` or the tiny test one, a batch-1 prompt of ``context`` tokens)."""
+    arch = dict(TINY_ARCH if tiny else E2E_ARCH)
+    base = build_model(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    return base, torch.randint(0, arch["vocab_size"], (1, context), device=device)
+
+
+def compiled_setting(base, setting: str, mode=None):
+    """``bf16``: the compiled baseline with its dense cache; else turboquant's compile of a copy."""
+    if setting == "bf16":
+        return compiled_baseline(base, mode=mode)
+    return turboquant.compile(copy.deepcopy(base), mode=mode, **parse_config(setting).kwargs)
+
+
+def warm_up(model, ids, new_tokens: int, **kw) -> None:
+    for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the measured calls use
+        timed_generate(model, ids, n, **kw)
+
+
+def add_step_arguments(p: argparse.ArgumentParser, settings: list, measured: str) -> None:
+    """The options a batch-1 decode-step benchmark shares (``measured``: what processes do in turn)."""
+    p.add_argument("--settings", nargs="+", default=settings)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--new-tokens", type=int, default=33)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
+    p.add_argument("--turns", nargs=2, metavar=("FOLDER", "N"), default=None,
+                   help=f"N processes sharing FOLDER compile together, then {measured} one at a time")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+
+
+def cuda_missing(args) -> bool:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+        return True
+    return False
+
+
 def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None, turns=None):
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     restore_triton = _time_triton_compiles(acc)
     launcher = kernel.decode_attention
     kernel.decode_attention = _timer(acc, "attention_launch")(launcher)
-    arch = dict(TINY_ARCH if tiny else E2E_ARCH)
-    base = build_model(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
-    ids = torch.randint(0, arch["vocab_size"], (1, context), device=device)
+    base, ids = step_inputs(context, device, tiny)
     kw = dict(cache_implementation="static")
     steps = new_tokens - 1
     models, best = {}, {}
@@ -142,13 +178,9 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
         with torch._dynamo.config.patch(recompile_limit=16 * len(settings)):
             for setting in settings:
                 t0, jit0 = time.perf_counter(), acc["triton_jit"]
-                if setting == "bf16":
-                    model = compiled_baseline(base, mode=mode)
-                else:
-                    model = turboquant.compile(copy.deepcopy(base), mode=mode, **parse_config(setting).kwargs)
+                model = compiled_setting(base, setting, mode)
                 model.forward = _timer(acc, "forward")(model.forward)
-                for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the timed calls use
-                    timed_generate(model, ids, n, **kw)
+                warm_up(model, ids, new_tokens, **kw)
                 models[setting] = model
                 # the rest of a compile is Dynamo's and Inductor's (H200: bf16 46 s; affine-3 152 s, of
                 # which turboquant's Triton kernels 2.4 s)
@@ -157,7 +189,7 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
             # host-bound timings only ever get slower by noise: each quantity's least over the rounds
             # counts, the prefill-only run's and the whole generate's apart (the least of their
             # difference would favour rounds whose prefill-only run was slowed)
-            with _turn(turns):
+            with in_turn(turns):
                 for _ in range(repeats):
                     for setting, model in models.items():
                         timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches
@@ -197,22 +229,14 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", nargs="+", default=["bf16", "affine-4", "turbo-4"])
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--new-tokens", type=int, default=33)
-    p.add_argument("--device", default="cuda")
+    add_step_arguments(p, ["bf16", "affine-4", "turbo-4"], "time")
     p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile mode of every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each time's least counts)")
-    p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out)")
-    p.add_argument("--turns", nargs=2, metavar=("FOLDER", "N"), default=None,
-                   help="N processes sharing FOLDER compile together, then time one at a time")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+    if cuda_missing(args):
         return 2
     rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode,
                profile_dir=args.out if args.profile else None, turns=args.turns)

@@ -15,7 +15,6 @@ kernel columns are zero: a smoke run of the script).
 """
 
 import argparse
-import copy
 import os
 import sys
 
@@ -24,11 +23,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import turboquant  # noqa: E402
-from decode_step_host import _turn  # noqa: E402
-from turboquant.bench.e2e import E2E_ARCH, TINY_ARCH, build_model  # noqa: E402
-from turboquant.demo import compiled_baseline, timed_generate  # noqa: E402
-from turboquant.eval.configs import parse_config  # noqa: E402
+from decode_step_host import in_turn, add_step_arguments, compiled_setting, cuda_missing, step_inputs, warm_up  # noqa: E402
+from turboquant.demo import timed_generate  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 
 COLUMNS = ["setting", "context", "new_tokens", "launches", "launches_per_step", "kernel_ms", "kernel_ms_per_step"]
@@ -41,21 +37,17 @@ def _kernel_events(prof):
 def run(settings, context, new_tokens, device="cuda", tiny=False, out=".", turns=None, top=40):
     from torch.profiler import ProfilerActivity, profile
 
-    arch = dict(TINY_ARCH if tiny else E2E_ARCH)
-    base = build_model(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
-    ids = torch.randint(0, arch["vocab_size"], (1, context), device=device)
+    base, ids = step_inputs(context, device, tiny)
     kw = dict(cache_implementation="static")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     models, rows = {}, []
     with torch._dynamo.config.patch(recompile_limit=16 * len(settings)):
         for setting in settings:
-            model = (compiled_baseline(base) if setting == "bf16"
-                     else turboquant.compile(copy.deepcopy(base), **parse_config(setting).kwargs))
-            for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths, as decode_step_host.py
-                timed_generate(model, ids, n, **kw)
+            model = compiled_setting(base, setting)
+            warm_up(model, ids, new_tokens, **kw)
             models[setting] = model
             print(f"{setting}: compiled", flush=True)
-        with _turn(turns):
+        with in_turn(turns):
             for setting, model in models.items():
                 counts = {}
                 for n in (1, new_tokens):  # the prefill alone, then the whole generate: the steps are the difference
@@ -86,17 +78,9 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, out=".", turns
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", nargs="+", default=["bf16", "turbo-8"])
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--new-tokens", type=int, default=33)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
-    p.add_argument("--turns", nargs=2, metavar=("FOLDER", "N"), default=None,
-                   help="N processes sharing FOLDER compile together, then profile one at a time")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    add_step_arguments(p, ["bf16", "turbo-8"], "profile")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+    if cuda_missing(args):
         return 2
     os.makedirs(args.out, exist_ok=True)
     rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.out, args.turns)
