@@ -322,32 +322,55 @@ def test_a_second_call_of_the_same_shape_reuses_its_launch_plan(method):
         assert [m.get()["name"] for m in seen] == [plan.split.compiled.name, plan.merge.compiled.name]
 
 
-def test_the_static_launch_passes_the_run_time_arguments_of_the_compiled_kernel():
+_STATIC_LAUNCH_CHECK = """
+import json
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+from turboquant import compat
+
+@triton.jit
+def body(x_ptr, y_ptr, n, scale, big, one, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i) * scale + n + big + one)
+
+sig = {"x_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32", "scale": "fp32", "big": "i64", "one": "constexpr",
+       "BLOCK": "constexpr"}
+ck = triton.compile(ASTSource(body, sig, {"one": 1, "BLOCK": 32}, {}), target=GPUTarget("cuda", 90, 32))
+print(json.dumps({
+    "scratch": sum(hasattr(ck.metadata, n) for n in ("global_scratch_size", "profile_scratch_size")),
+    "two": compat.static_launch_signature(ck, 2),
+    "three": compat.static_launch_signature(ck, 3),
+    "launcher": None if torch.cuda.is_available() else compat.static_cuda_launch(ck, 2),
+}))
+"""
+
+
+def test_the_static_launch_passes_the_run_time_arguments_of_the_compiled_kernel(tmp_path):
     """torch's C++ launcher takes a compiled kernel's run-time arguments only: the pointers, then the
     scalars Triton did not compile in (constexprs and specialised values out), and null scratch
     pointers; its type string says how to pass each. Checked on a kernel compiled for sm_90 on the
-    CPU (the launch itself is the GPU tests': a plan's later calls go through it)."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    CPU (the launch itself is the GPU tests': a plan's later calls go through it), in a process of its
+    own: Triton 3.6's interpreter leaves ``triton.language`` patched after a kernel that calls a jitted
+    helper, and a real compile in that process then fails."""
+    import json
+    import os
+    import subprocess
+    import sys
 
-    def body(x_ptr, y_ptr, n, scale, big, one, BLOCK: tl.constexpr):
-        i = tl.arange(0, BLOCK)
-        tl.store(y_ptr + i, tl.load(x_ptr + i) * scale + n + big + one)
-
-    kernel = JITFunction(body)  # compiled even where the tests' TRITON_INTERPRET makes triton.jit interpret
-
-    sig = {"x_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32", "scale": "fp32", "big": "i64", "one": "constexpr",
-           "BLOCK": "constexpr"}
-    ck = triton.compile(ASTSource(kernel, sig, {"one": 1, "BLOCK": 32}, {}), target=GPUTarget("cuda", 90, 32))
-    scratch = sum(hasattr(ck.metadata, n) for n in ("global_scratch_size", "profile_scratch_size"))
+    script = tmp_path / "static_launch_check.py"
+    script.write_text(_STATIC_LAUNCH_CHECK)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    got = json.loads(subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True,
+                                    text=True).stdout.strip().splitlines()[-1])
     # the tail after the two pointers is (n, scale, big, one, BLOCK): its first three are run-time
-    assert compat.static_launch_signature(ck, 2) == ((0, 1, 2), "OOifl" + "O" * scratch)
-    assert compat.static_launch_signature(ck, 3) is None  # n is no pointer
-    if not torch.cuda.is_available():
-        assert compat.static_cuda_launch(ck, 2) is None  # no C++ launcher in a CPU build
+    assert got["two"] == [[0, 1, 2], "OOifl" + "O" * got["scratch"]]
+    assert got["three"] is None  # n is no pointer
+    assert got["launcher"] is None  # no C++ launcher in a CPU build (not asked on a GPU)
 
 
 @pytest.mark.gpu
