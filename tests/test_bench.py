@@ -134,6 +134,23 @@ def test_prefill_attention_benchmark_smoke(tmp_path):
             assert float(r["rel_err"]) < 1e-2  # bf16 output against float32 over the same codes
 
 
+def test_decode_step_kernels_smoke(tmp_path):
+    """``benchmarks/decode_step_kernels.py`` on the tiny model (CPU): a row per setting with its launch
+    and kernel-time columns (zero without a GPU), the per-setting kernel listing, the CSV."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_step_kernels.py"
+    spec = importlib.util.spec_from_file_location("decode_step_kernels", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tiny", "--device", "cpu", "--context", "8", "--new-tokens", "3", "--settings", "bf16",
+                       "--out", str(tmp_path)]) == 0
+    (row,) = csv.DictReader(open(tmp_path / "decode_step_kernels.csv"))
+    assert row["setting"] == "bf16" and int(row["launches"]) == 0 and float(row["kernel_ms_per_step"]) == 0
+    assert (tmp_path / "kernels_bf16.txt").read_text().startswith("bf16: 3-token generate at 1 x 8")
+
+
 def test_decode_sass_counts_the_loop_of_the_kernel_compiled_for_sm90(tmp_path):
     """``benchmarks/decode_sass.py`` on the CPU: the split kernel compiled for sm_90 with the plan a
     call would get, its main loop found and counted. With the register table, turbo 2-bit's loop
