@@ -19,7 +19,6 @@ each timed with ``perf_counter`` around the call. Prints a table and writes CSV.
 import argparse
 import collections
 import contextlib
-import copy
 import fcntl
 import functools
 import os
@@ -30,12 +29,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import turboquant  # noqa: E402
 import turboquant.templates.decode_attention as kernel  # noqa: E402
-from turboquant.bench.e2e import E2E_ARCH, TINY_ARCH, build_model  # noqa: E402
+from turboquant.bench.e2e import E2E_ARCH, TINY_ARCH, build_model, compiled_setting  # noqa: E402
 from turboquant.compat import dynamo_counters, wrap_aot_subclass_unwrap  # noqa: E402
-from turboquant.demo import compiled_baseline, timed_generate  # noqa: E402
-from turboquant.eval.configs import parse_config  # noqa: E402
+from turboquant.demo import timed_generate  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 
 COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms"]
@@ -130,13 +127,6 @@ def step_inputs(context: int, device: str, tiny: bool):
     return base, torch.randint(0, arch["vocab_size"], (1, context), device=device)
 
 
-def compiled_setting(base, setting: str, mode=None):
-    """``bf16``: the compiled baseline with its dense cache; else turboquant's compile of a copy."""
-    if setting == "bf16":
-        return compiled_baseline(base, mode=mode)
-    return turboquant.compile(copy.deepcopy(base), mode=mode, **parse_config(setting).kwargs)
-
-
 def warm_up(model, ids, new_tokens: int, **kw) -> None:
     for n in (new_tokens, 1, new_tokens):  # compiles both cache lengths the measured calls use
         timed_generate(model, ids, n, **kw)
@@ -150,7 +140,8 @@ def add_step_arguments(p: argparse.ArgumentParser, settings: list, measured: str
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the 2-layer test architecture (smoke runs)")
     p.add_argument("--turns", nargs=2, metavar=("FOLDER", "N"), default=None,
-                   help=f"N processes sharing FOLDER compile together, then {measured} one at a time")
+                   help=f"N processes sharing FOLDER (a new one per run: it counts the processes done "
+                        f"compiling) compile together, then {measured} one at a time")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
 
 

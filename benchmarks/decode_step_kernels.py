@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from decode_step_host import in_turn, add_step_arguments, compiled_setting, cuda_missing, step_inputs, warm_up  # noqa: E402
+from decode_step_host import add_step_arguments, cuda_missing, in_turn, step_inputs, warm_up  # noqa: E402
+from turboquant.bench.e2e import compiled_setting  # noqa: E402
 from turboquant.demo import timed_generate  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 

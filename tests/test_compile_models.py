@@ -619,8 +619,8 @@ def test_residual_window_compiled_equals_eager_and_recovers_precision(cache_kind
             layer = eager_cache.layers[0]
             assert layer.keys.window == window and layer.keys.ring_pos.tolist() == [16, 17, 18, 15]
         else:  # the eager quantized cache (of the same kind as the compiled model's) generates
-            cache = (transformers.StaticCache(config=base.config, max_cache_len=ids.shape[1] + 6) if cache_kind == "static"
-                     else transformers.DynamicCache(config=base.config))
+            cache = (transformers.StaticCache(config=base.config, max_cache_len=ids.shape[1] + 6)
+                     if cache_kind == "static" else transformers.DynamicCache(config=base.config))
             turboquant.integrations.transformers.quantize_cache(cache, lambda i: cfg)
             with torch.no_grad():
                 gen = base.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
@@ -701,8 +701,15 @@ def _decode_step_kernels(model, device, backend, library_calls: Optional[list] =
     if library_calls is not None:
         library_calls.extend(a or b for a, b in
                              re.findall(r"\bextern_kernels\.(\w+)\(|\b(turboquant_attention)\(", wrapper))
-    names = re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", wrapper)
-    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper) if backend == "triton" else names
+    if backend == "triton":
+        return _launched_kernels(wrapper)
+    return re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", wrapper)
+
+
+def _launched_kernels(wrapper: str) -> list:
+    """The Triton kernels a generated wrapper launches, in order (a kernel launched twice appears twice)."""
+    names = re.findall(r"(triton_\w+) = async_compile", wrapper)
+    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper)
 
 
 @pytest.mark.parametrize("device, backend, bits", [("cpu", "cpp", 4), *[("cpu", "triton", b) for b in (2, 3, 4, 8)],
@@ -840,9 +847,7 @@ def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         model(ids, cache_position=torch.arange(9), **kw)
-        code = triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw)
-    names = re.findall(r"(triton_\w+) = async_compile", code)
-    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", code)
+        return _launched_kernels(triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw))
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

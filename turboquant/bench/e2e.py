@@ -30,7 +30,8 @@ import torch
 from ..eval.configs import parse_config
 from ..tq_compile import cache_nbytes
 
-__all__ = ["E2E_ARCH", "TINY_ARCH", "COLUMNS", "build_model", "run_bench", "add_arguments", "run_from_args"]
+__all__ = ["E2E_ARCH", "TINY_ARCH", "COLUMNS", "build_model", "compiled_setting", "run_bench", "add_arguments",
+           "run_from_args"]
 
 E2E_ARCH = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=40960)
@@ -53,16 +54,22 @@ def build_model(arch: dict, device, dtype, seed: int = 0):
     return model.eval()
 
 
-def _prepared(base, setting: str, mode: Optional[str]):
+def compiled_setting(base, setting: str, mode: Optional[str] = None):
+    """``bf16``: ``base`` compiled with its dense cache (the baseline); else turboquant's compile of a copy
+    with the setting's config (``affine-4``, ``turbo-3`` …)."""
     import turboquant
 
     from ..demo import compiled_baseline
 
-    torch._dynamo.reset()
     if setting == "bf16":
         return compiled_baseline(base, mode)
     cfg = parse_config(setting)
     return turboquant.compile(copy.deepcopy(base), **cfg.kwargs, **({"mode": mode} if mode else {}))
+
+
+def _prepared(base, setting: str, mode: Optional[str]):
+    torch._dynamo.reset()
+    return compiled_setting(base, setting, mode)
 
 
 def run_bench(contexts: Sequence[int] = (1024, 8192, 32768), batches: Sequence[int] = (1, 8),
