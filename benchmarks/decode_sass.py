@@ -34,7 +34,7 @@ from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
-COLUMNS = ["method", "bits", "S", "register_lut", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
+COLUMNS = ["method", "bits", "S", "lookup", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
            "shared", "instructions", "loop_instructions", "per_key", "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
        torch.int32: "i32"}
@@ -116,13 +116,16 @@ def main(argv=None):
                    help="turbo's Hadamard rotation plane by plane (default), or read as a matrix")
     p.add_argument("--block-sums", action=argparse.BooleanOptionalAction, default=None,
                    help="value dots summed per block by fp32 adds (default: the plan's)")
+    p.add_argument("--shuffle-lut", action=argparse.BooleanOptionalAction, default=None,
+                   help="turbo centroids by warp shuffles from a per-lane table register (default: the plan's)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
     sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
                                                       block_n=a.block_n, row_groups=a.row_groups,
                                                       register_lut=a.register_lut,
-                                                      plane_hadamard=a.plane_hadamard, block_sums=a.block_sums)
+                                                      plane_hadamard=a.plane_hadamard, block_sums=a.block_sums,
+                                                      shuffle_lut=a.shuffle_lut)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
@@ -130,7 +133,7 @@ def main(argv=None):
     n, ops = loop_counts(sass)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     block_n = consts["BLOCK_N"]
-    row = dict(method=a.method, bits=a.bits, S=a.S, register_lut=consts["K_LUT_WORDS"] != "",
+    row = dict(method=a.method, bits=a.bits, S=a.S, lookup=consts["K_LUT"].partition(":")[0] or ("gather" if a.method == "turbo" else ""),
                plane_hadamard=consts["K_PLANE_H"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
                stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),

@@ -141,31 +141,44 @@ def test_property(method, k_bits, v_bits, g, L, S, seed):
     assert _rel(out, ref) < TOL
 
 
-def _run_ptx(asm: str, inputs: list, first_input: int = 2) -> list:
-    """The 32-bit integer instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``
-    and default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte) on ``inputs``
-    (``$first_input``, …); returns ``$0`` and ``$1``."""
+def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> list:
+    """The 32-bit integer instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``,
+    default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte, ``%laneid`` and
+    ``shfl.sync.idx`` with a clamp of 31, which reads bits 0–4 of its lane operand) on ``inputs``
+    (``$first_input``, …), in each of ``lanes`` lanes of a warp; returns ``$0`` and ``$1``, a value
+    each for one lane, else a list over the lanes. An input is a value for every lane or a list of one
+    per lane."""
     import re
 
-    regs = {f"${i + first_input}": v for i, v in enumerate(inputs)}
-    value = lambda x: regs[x] if x in regs else int(x, 0)  # noqa: E731
-    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|mov\.b32|mul\.lo\.u32|mad\.lo\.u32|prmt\.b32)\s+"
-                                   r"([^;]+);", asm):
+    regs = {f"${i + first_input}": v if isinstance(v, list) else [v] * lanes for i, v in enumerate(inputs)}
+    regs["%laneid"] = list(range(lanes))
+
+    def value(x):
+        return regs[x] if x in regs else [int(x, 0)] * lanes
+
+    def prmt(a, b, sel):
+        pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+        out = 0
+        for k in range(4):
+            nib = (sel >> (4 * k)) & 0xF
+            byte = pool[nib & 7]
+            out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
+        return out
+
+    ops = {"and.b32": lambda x: x[0] & x[1], "or.b32": lambda x: x[0] | x[1], "shr.b32": lambda x: x[0] >> x[1],
+           "mov.b32": lambda x: x[0], "mov.u32": lambda x: x[0], "mul.lo.u32": lambda x: x[0] * x[1],
+           "mad.lo.u32": lambda x: x[0] * x[1] + x[2], "prmt.b32": lambda x: prmt(*x)}
+    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|mad\.lo\.u32|"
+                                   r"prmt\.b32|shfl\.sync\.idx\.b32)\s+([^;]+);", asm):
         d, *src = [x.strip() for x in operands.split(",")]
         x = [value(v) for v in src]
-        if op == "prmt.b32":
-            pool = [(x[i // 4] >> (8 * (i % 4))) & 0xFF for i in range(8)]
-            out = 0
-            for k in range(4):
-                nib = (x[2] >> (4 * k)) & 0xF
-                byte = pool[nib & 7]
-                out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
-            regs[d] = out
+        if op.startswith("shfl"):
+            assert x[2][0] == 0x1F and x[3][0] == 0xFFFFFFFF, "a whole warp, no segments"
+            regs[d] = [x[0][x[1][lane] & 0x1F] for lane in range(lanes)]
         else:
-            regs[d] = {"and.b32": lambda: x[0] & x[1], "or.b32": lambda: x[0] | x[1], "shr.b32": lambda: x[0] >> x[1],
-                       "mov.b32": lambda: x[0], "mul.lo.u32": lambda: x[0] * x[1],
-                       "mad.lo.u32": lambda: x[0] * x[1] + x[2]}[op]() & 0xFFFFFFFF
-    return [regs.get("$0"), regs.get("$1")]
+            regs[d] = [ops[op](args) & 0xFFFFFFFF for args in zip(*x)]
+    out = [regs.get("$0"), regs.get("$1")]
+    return [None if o is None else o[0] if lanes == 1 else o for o in out]
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])
@@ -177,7 +190,7 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
     from turboquant.templates import decode_attention as da
 
     spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
-    words = da._register_lut_words(spec, D)
+    words = "prmt:" + da._register_lut_words(spec, D)
     table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
     gen = torch.Generator().manual_seed(bits * D)
     for s in range(8 if bits == 3 else 16 // bits):
@@ -193,40 +206,79 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
             assert [out & 0xFFFF, out >> 16] == [table[c] for c in codes], (s, codes)
 
 
-def test_register_lut_defaults_where_it_was_faster():
-    # by default: 2-bit turbo codes at every length, 3-bit ones in four-warp programs (short caches);
-    # never 4-bit (slower on the H200) nor 8-bit (256 entries) nor affine (no table)
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("D", [64, 80, 128])
+def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
+    """The PTX of ``shuffle_lut`` (GPU only) in a warp of 32 lanes against the table: every lane's
+    codes of plane ``s`` become their centroids' fp16 bits, whatever the bits beside the field (the
+    shuffle reads five bits of its lane operand and the table repeats every 2^bits lanes). 2/4-bit:
+    two int16 row words per lane; 3-bit: four bytes of each of the three byte planes."""
+    from turboquant.templates import decode_attention as da
+
+    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
+    lut = "shfl:" + da._register_lut_words(spec, D)
+    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    gen = torch.Generator().manual_seed(bits * D)
+    for s in range(8 if bits == 3 else 16 // bits):
+        asm = da._shuffle_lut_asm.fn(bits, lut, s)
+        for _ in range(20):
+            if bits == 3:  # byte planes: lane l's word k is b0[l][k] | b1[l][k] << 8 | b2[l][k] << 16
+                planes = torch.randint(0, 256, (3, 32, 4), generator=gen).tolist()
+                regs = [[sum(b << (8 * k) for k, b in enumerate(lane)) for lane in plane] for plane in planes]
+                shift, lo = (3 * s) % 8, (3 * s) // 8
+                out = _run_ptx(asm, regs[lo:lo + 2] if shift > 5 else regs[lo:lo + 1], lanes=32)
+                got = [[o >> (16 * h) & 0xFFFF for o in (out[0][lane], out[1][lane]) for h in range(2)]
+                       for lane in range(32)]
+                codes = [[((planes[0][lane][k] | planes[1][lane][k] << 8 | planes[2][lane][k] << 16) >> (3 * s)) & 7
+                          for k in range(4)] for lane in range(32)]
+            else:
+                w = torch.randint(0, 1 << 16, (32, 2), generator=gen).tolist()
+                out = _run_ptx(asm, [[a | b << 16 for a, b in w]], first_input=1, lanes=32)[0]
+                got = [[o & 0xFFFF, o >> 16] for o in out]
+                codes = [[(x >> (bits * s)) & ((1 << bits) - 1) for x in pair] for pair in w]
+            assert got == [[table[c] for c in lane] for lane in codes], s
+
+
+def test_lookup_defaults_where_they_were_faster():
+    # by default: 3- and 4-bit turbo codes by warp shuffles, 2-bit ones by byte permutes, at every
+    # length; without the shuffles, 3-bit codes take the permutes in four-warp programs (short
+    # caches) and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
     from turboquant.templates import decode_attention as da
 
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
+        words = da._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
             assert one_warp == (S == 4096 and bits in (2, 3, 4))
-            assert (default["K_LUT_WORDS"] != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
-            assert default["V_LUT_WORDS"] == default["K_LUT_WORDS"]
-            on, off = (_plan_options(cfg, S, register_lut=flag)[1] for flag in (True, False))
-            assert (on["K_LUT_WORDS"] == da._register_lut_words(cfg.spec("k"), 128)) == (bits <= 4)
-            assert (on["V_LUT_WORDS"] != "") == (bits <= 4)
-            assert off["K_LUT_WORDS"] == off["V_LUT_WORDS"] == ""
-    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=4, v_bits=2), 4096)[1]
-    assert mixed["K_LUT_WORDS"] == "" and mixed["V_LUT_WORDS"] != ""
-    assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True)[1]["K_LUT_WORDS"] == ""
+            kind = {2: "prmt", 3: "shfl", 4: "shfl", 8: ""}[bits]
+            assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else ""), (bits, S)
+            no_shfl = _plan_options(cfg, S, shuffle_lut=False)[1]["K_LUT"]
+            assert (no_shfl != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
+            for flag, kind in ((True, "shfl"), (False, "prmt")):
+                on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True)[1]
+                assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else "")
+            off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False)[1]
+            assert off["K_LUT"] == off["V_LUT"] == ""
+    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
+    assert mixed["K_LUT"] == "" and mixed["V_LUT"].startswith("prmt:")
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True, shuffle_lut=True)[1][
+        "K_LUT"] == ""
 
 
 def test_plane_hadamard_defaults_where_it_was_faster():
-    # by default: 2- and 3-bit turbo codes at every split length, 4- and 8-bit ones on splits shorter
-    # than LONG_SPLIT_KEYS (the matrix read was faster on long splits, H200); never affine; keys and
-    # values chosen apart
+    # by default: 2/3/4-bit turbo codes at every split length, 8-bit ones on splits shorter than
+    # LONG_SPLIT_KEYS (the matrix read was faster on long splits, H200); never affine; keys and values
+    # chosen apart
     from turboquant.templates import decode_attention as da
 
     for bits in (2, 3, 4, 8):
         spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
         for split_keys in (64, 256, da.LONG_SPLIT_KEYS // 2, da.LONG_SPLIT_KEYS, 4096):
-            assert da._plane_hadamard(spec, split_keys) == (bits <= 3 or split_keys < da.LONG_SPLIT_KEYS)
+            assert da._plane_hadamard(spec, split_keys) == (bits <= 4 or split_keys < da.LONG_SPLIT_KEYS)
     for S, splits, expect in ((1024, None, True), (32768, 1, False)):
-        consts = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=4, v_bits=2), S, num_splits=splits)[1]
+        consts = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), S, num_splits=splits)[1]
         assert (consts["K_PLANE_H"], consts["V_PLANE_H"]) == (expect, True), S
     for flag in (True, False):
         consts = _plan_options(KVQuantConfig(method="turbo", bits=2), 1024, plane_hadamard=flag)[1]
@@ -677,12 +729,13 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
 @pytest.mark.parametrize("bits", [(2, 2), (3, 3), (4, 4), (4, 2), (3, 8)])
 @pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
 @pytest.mark.parametrize("D", [128, 80])
-def test_register_lut_on_gpu(bits, S, D):
-    # the byte-permute lookups (register_lut) in the compiled kernel, keys and values: the same
-    # fp16 centroids into the same MMAs as the gather, so the same output but for accumulation
-    # order; and the gather's output against the oracle
+@pytest.mark.parametrize("lookup", ["register_lut", "shuffle_lut"])
+def test_register_lut_on_gpu(bits, S, D, lookup):
+    # the byte-permute (register_lut) or warp-shuffle (shuffle_lut) lookups in the compiled kernel,
+    # keys and values: the same fp16 centroids into the same MMAs as the gather, so the same output
+    # but for accumulation order; and the gather's output against the oracle
     args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
-    lut, ref = _case("turbo", *bits, register_lut=True, **args)
-    gather, _ = _case("turbo", *bits, register_lut=False, **args)
+    lut, ref = _case("turbo", *bits, **{lookup: True}, **args)
+    gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
     assert _rel(lut, gather.double()) < 1e-3, (_rel(lut, ref), _rel(gather, ref))
     assert _rel(gather, ref) < TOL

@@ -14,10 +14,11 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
-* turbo: codes index the 2^b centroids (a flat ``tl.gather``, or byte permutes from a table in the
-  instructions for 2-bit codes and short 3-bit caches); ``q`` is rotated and the output
+* turbo: codes index the 2^b centroids (3/4-bit: warp shuffles from a table held one entry per
+  lane; 2-bit: byte permutes from a table in the instructions; 8-bit: a flat ``tl.gather`` from
+  shared memory); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs on fp32 hi/lo halves; for a power-of-two head_dim the
-  Hadamard rotation is made plane by plane from indices, or on long 4/8-bit splits read as ``√d · R``,
+  Hadamard rotation is made plane by plane from indices, or on long 8-bit splits read as ``√d · R``,
   exact ±1 in fp16; other head dims read ``R``), norms scale the scores and the probabilities. Every
   split's output leaves in the model's dims.
 
@@ -78,7 +79,7 @@ LONG_CACHE_KEYS = 2048
 
 # Keys per split from which a split's loop, not its fixed work, sets its time: one-warp affine tiles
 # hold row groups from here (:func:`_row_groups`; shorter splits ran 2–3% slower with them, H200, 4K
-# context: 256 keys per split, 1024 and more faster), turbo 4/8-bit rotations read the matrix
+# context: 256 keys per split, 1024 and more faster), turbo 8-bit rotations read the matrix
 # (:func:`_plane_hadamard`), and affine values without row groups sum their blocks in fp32 adds
 # (:func:`_block_sums`).
 LONG_SPLIT_KEYS = 1024
@@ -238,15 +239,7 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
     SHIFT: tl.constexpr = _field3_shift(S)
     MASK: tl.constexpr = 7 << SHIFT
     STRADDLES: tl.constexpr = SHIFT > 5
-    if S < 3:
-        lo = b0
-        hi = b1
-    elif S < 6:
-        lo = b1
-        hi = b2
-    else:
-        lo = b2
-        hi = b2
+    lo, hi = _field3_bytes(b0, b1, b2, S)
     if USE_ASM:
         if STRADDLES:
             ASM2: tl.constexpr = _pair3_asm(MASK)
@@ -264,12 +257,24 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
-                  USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
+                  USE_ASM: tl.constexpr, LUT: tl.constexpr):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
-    turbo centroids (from registers with ``LUT_WORDS``, :func:`_register_lut_asm`), 3-bit affine
-    codes, or 2/4/8-bit affine fields in place."""
-    if TURBO and USE_ASM and LUT_WORDS != "":
-        ASM: tl.constexpr = _register_lut_asm(BITS, LUT_WORDS, S)
+    turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm` or :func:`_register_lut_asm`;
+    else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
+    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl" and BITS == 3:
+        # four codes an asm: a plane's bytes (and the next plane's, where its fields straddle)
+        lo, hi = _field3_bytes(b0, b1, b2, S)
+        if _field3_shift(S) > 5:
+            ASM3: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+            vals = tl.inline_asm_elementwise(ASM3, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            ASM1: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+            vals = tl.inline_asm_elementwise(ASM1, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
+    elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
+        ASM2: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+        vals = tl.inline_asm_elementwise(ASM2, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+    elif TURBO and USE_ASM and LUT != "":
+        ASM: tl.constexpr = _register_lut_asm(BITS, LUT, S)
         src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
         vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
     elif TURBO:
@@ -282,14 +287,82 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 
 
 @triton.constexpr_function
-def _register_lut_asm(bits, words, s):
+def _lut_kind(lut):
+    """How a turbo spec's codes become centroids in the kernel: ``LUT`` is ``""`` (:func:`_lookup`'s
+    gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`) or ``"shfl:…"`` (warp shuffles,
+    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`'."""
+    return str(lut).partition(":")[0]
+
+
+@triton.constexpr_function
+def _lut_words(lut):
+    return str(lut).partition(":")[2]
+
+
+@triton.constexpr_function
+def _shuffle_lut_asm(bits, lut, s):
+    """PTX for turbo codes to their fp16 centroids by warp shuffles: lane ``l`` holds entry
+    ``l mod 2^bits`` of the table (``T``, made from the table words by :func:`_register_lut_asm`'s
+    permutes on the lane's number: loop-invariant, ptxas hoists it), and a code's centroid is ``T`` of
+    the lane the code names. ``shfl.idx`` reads only bits 0–4 of its lane operand and the table repeats
+    every ``2^bits`` lanes, so a code needs no mask: one shift (none for a field at bit 0), one shuffle,
+    and a permute per two results to pack them. Against :func:`_lookup`'s gather, which Triton lowers
+    to the same shuffles (one-warp programs) or shared-memory loads (four warps) after a shift and a
+    mask per code, and a conversion and pack.
+
+    2/4-bit (pack 2): ``$1`` two int16 row words, plane ``s``'s field at bit ``bits · s`` of each;
+    ``$0`` their two centroids. 3-bit (pack 4): ``$2`` four bytes of the byte plane that holds plane
+    ``s``'s low bits, the field at bit ``3s mod 8``; where it straddles into the next byte plane,
+    ``$3`` that plane's four bytes; ``$0``, ``$1`` the four centroids."""
+    bits, s = int(bits), int(s)
+    lane_code = f"mov.u32 v, %laneid; and.b32 v, v, {(1 << bits) - 1}; "
+    table = _register_lut_asm(bits, lut, 0, lane_code).replace("$0", "T")
+    head = table[: table.rindex("}")].replace("{ .reg .b32 ", "{ .reg .b32 T, i, r0, r1, r2, r3, ", 1)
+    shfl = "shfl.sync.idx.b32 r{0}, T, i, 0x1f, 0xffffffff; "
+    if bits != 3:
+        shift = bits * s
+        lo = f"shr.b32 i, $1, {shift}; " if shift else "mov.b32 i, $1; "
+        return (head + lo + shfl.format(0) + f"shr.b32 i, $1, {16 + shift}; " + shfl.format(1)
+                + "prmt.b32 $0, r0, r1, 0x5410; }")
+    shift = _field3_shift(s)
+    if shift > 5:  # 16-bit lanes: the byte, the next plane's byte above it
+        body = "prmt.b32 a, $2, $3, 0x5140; prmt.b32 b, $2, $3, 0x7362; "
+        srcs = [("a", shift), ("a", 16 + shift), ("b", shift), ("b", 16 + shift)]
+    else:
+        body = ""
+        srcs = [("$2", 8 * k + shift) for k in range(4)]
+    for r in range(4):
+        src, sh = srcs[r]
+        body += (f"shr.b32 i, {src}, {sh}; " if sh else f"mov.b32 i, {src}; ") + shfl.format(r)
+    return head + body + "prmt.b32 $0, r0, r1, 0x5410; prmt.b32 $1, r2, r3, 0x5410; }"
+
+
+@triton.jit
+def _field3_bytes(b0, b1, b2, S: tl.constexpr):
+    """The byte plane that holds 3-bit plane ``S``'s low bits, and the next one (its fields' high bits
+    where they straddle): see :func:`_field3_shift`."""
+    if S < 3:
+        lo = b0
+        hi = b1
+    elif S < 6:
+        lo = b1
+        hi = b2
+    else:
+        lo = b2
+        hi = b2
+    return lo, hi
+
+
+@triton.constexpr_function
+def _register_lut_asm(bits, lut, s, codes=None):
     """PTX for two turbo codes to their two fp16 centroids (``$0``) from a table held in the
-    instructions (``words``: :func:`_register_lut_words`), by byte permutes: no shared memory, where
+    instructions (``lut``: ``"prmt:"`` and :func:`_register_lut_words`), by byte permutes: no shared memory, where
     :func:`_lookup`'s gather costs a shared-memory load (four warps) or a shuffle (one warp) per
     code. ``$1``: two int16 row
     words whose plane-``s`` fields are the codes (2/4-bit; cut out here, a permute, shift and AND
     per two codes against Triton's shift and AND per code), or for 3 bits two lanes of
-    :func:`_field3_lanes` (the code in place at bit ``3s mod 8``).
+    :func:`_field3_lanes` (the code in place at bit ``3s mod 8``). ``codes``: PTX that puts the codes in
+    ``v`` instead (:func:`_shuffle_lut_asm`'s lane number).
 
     ``v`` holds the codes in bytes 0 and 1; ``v · 0x11`` repeats each in two nibbles, the selector
     of two output bytes: a centroid's low byte from the low-byte registers, its high byte from the
@@ -297,10 +370,12 @@ def _register_lut_asm(bits, words, s):
     byte half over 8 entries, merged; 4-bit: entries 0–7 and 8–15 apart, then each byte chosen by
     the code's top bit (a permute's nibble with bit 3 set would sign-fill instead of select)."""
     bits, s = int(bits), int(s)
-    w = [int(x, 16) for x in str(words).split(",")]
+    w = [int(x, 16) for x in _lut_words(lut).split(",")]
     movs = "".join(f"mov.b32 t{i}, {x:#010x}; " for i, x in enumerate(w))
     head = "{ .reg .b32 v, s, a, b, c, e, t0, t1, t2, t3, t4, t5, t6, t7; " + movs
-    if bits == 3:  # fields masked in place: shifted down, bytes 0 and 2 are the codes
+    if codes is not None:  # PTX that leaves the codes in bytes 0 and 1 of v
+        head += str(codes)
+    elif bits == 3:  # fields masked in place: shifted down, bytes 0 and 2 are the codes
         head += f"shr.b32 v, $1, {_field3_shift(s)}; prmt.b32 v, v, 0, 0x4420; "
     else:  # the byte that holds the field, of each word, then the field
         byte, shift = divmod(bits * s, 8)
@@ -329,7 +404,8 @@ def _gathers(spec: TensorQuantSpec) -> bool:
 
 def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     """Whether a gathering spec's (:func:`_gathers`) codes are looked up by byte permutes
-    (:func:`_register_lut_asm`) by default rather than by ``tl.gather``. H200, B=8, Hq=32, Hkv=8,
+    (:func:`_register_lut_asm`) by default rather than by ``tl.gather``, where :func:`_shuffle_lut`'s
+    shuffles are off (on by default for 3- and 4-bit codes). H200, B=8, Hq=32, Hkv=8,
     D=128, CUDA graph µs, gather → register table (2026-12-03,
     ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 → 121.3 at 32K and
     19.71 → 15.56 at 1K; turbo 3-bit 21.85 → 19.35 at 1K (four-warp programs) but 308.4 → 375.1 at
@@ -341,6 +417,20 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     the table still wins where it is on: 2-bit 247.1 → 121.5 at 32K and 20.25 → 15.59 at 1K, 3-bit
     23.25 → 19.42 at 1K."""
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
+
+
+def _shuffle_lut(spec: TensorQuantSpec) -> bool:
+    """Whether a gathering spec's (:func:`_gathers`) codes are looked up by warp shuffles from a table
+    register (:func:`_shuffle_lut_asm`) by default; where on, it takes precedence over
+    :func:`_register_lut`. sm_90 SASS of the loop, warp instructions per key (``benchmarks/decode_sass.py
+    turbo BITS [--S 1024] --shuffle-lut``), default → shuffles: one-warp turbo 4-bit 44.2 → 30.9, 3-bit
+    49.7 → 36.8, 2-bit 29.3 → 29.9 (against the byte permutes); four-warp (1K) 4-bit 14.4 → 9.4 per warp
+    (registers 165 → 96), 3-bit 23.8 → 16.5, 2-bit 12.5 → 12.0. H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    µs, default → shuffles (2026-12-04, ``benchmarks/results/session26_gpu/``): 32K turbo 4-bit 246.0 →
+    149.8 (144.1 with the planes of :func:`_plane_hadamard`), 3-bit 288.2 → 166.1, 2-bit 110.4 → 133.1;
+    16K 134.4 → 86.0, 152.4 → 88.3, 60.7 → 72.2; 1K 14.94 → 11.71, 17.50 → 17.31, 12.62 → 14.00. So 3-
+    and 4-bit codes take the shuffles and 2-bit ones keep the permutes (one per two codes)."""
+    return spec.bits in (3, 4)
 
 
 def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
@@ -648,7 +738,7 @@ def _decode_split_kernel(
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
-    ROTATE: tl.constexpr, K_LUT_WORDS: tl.constexpr, V_LUT_WORDS: tl.constexpr, K_PLANE_H: tl.constexpr,
+    ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
@@ -756,7 +846,7 @@ def _decode_split_kernel(
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
-                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT_WORDS)
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT)
         if K_TURBO:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
         else:
@@ -816,11 +906,11 @@ def _decode_split_kernel(
             pv if NG == 1 else tl.where(grp[:, None] == 0, pv, 0.0), vc_base, blk, S, stride_vcs,
             a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
             a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
-            vlut_ptr, USE_ASM, V_LUT_WORDS, rz, BLOCK_SUMS)
+            vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 tl.where(grp[:, None] == r, pv, 0.0), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
-                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT_WORDS, rz, BLOCK_SUMS)
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
     if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
@@ -924,21 +1014,21 @@ def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
 @triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
-              USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr):
+              USE_ASM: tl.constexpr, LUT: tl.constexpr):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
     n = first + tl.arange(0, N)
     k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
-    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)))
+    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT)))
     if KP > 1:
-        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
     if KP > 2:
-        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
-        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
     if KP > 4:
-        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
-        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
-        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
-        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT_WORDS)), dots)
+        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
     return dots
 
 
@@ -946,17 +1036,17 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
 def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
                 BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
-                LUT_WORDS: tl.constexpr):
+                LUT: tl.constexpr):
     """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
     (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
     and the softmax then runs once for the block)."""
     SUB_N: tl.constexpr = BLOCK_N // NG
     dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
-                     klut_ptr, USE_ASM, LUT_WORDS)
+                     klut_ptr, USE_ASM, LUT)
     for r in tl.static_range(1, NG):
         dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
                                                      stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
-                                                     USE_ASM, LUT_WORDS), dots)
+                                                     USE_ASM, LUT), dots)
     return dots
 
 
@@ -977,22 +1067,22 @@ def _plus_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr):
 @triton.jit
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
-                vlut_ptr, USE_ASM: tl.constexpr, LUT_WORDS: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr):
+                vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
     (:func:`_plus_dot`)."""
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
-    a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a0, rz, BLOCK_SUMS)
+    a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
     if VP > 1:
-        a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a1, rz, BLOCK_SUMS)
+        a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
     if VP > 2:
-        a2 = _plus_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a2, rz, BLOCK_SUMS)
-        a3 = _plus_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a3, rz, BLOCK_SUMS)
+        a2 = _plus_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
+        a3 = _plus_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
     if VP > 4:
-        a4 = _plus_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a4, rz, BLOCK_SUMS)
-        a5 = _plus_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a5, rz, BLOCK_SUMS)
-        a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a6, rz, BLOCK_SUMS)
-        a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT_WORDS), a7, rz, BLOCK_SUMS)
+        a4 = _plus_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
+        a5 = _plus_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
+        a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
+        a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -1209,9 +1299,11 @@ def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
     46.93 → 41.42, 55.22 → 48.88, 28.88 → 23.17 (8-bit equal); 32K 3 / 2-bit 297.8 → 288.6, 120.5 → 110.6.
     On long splits 4- and 8-bit ran slower with it, in every repeat: 32K 246.5 → 253.9 and 377.6 → 390.4,
     16K 134.6 → 135.7 and 200.3 → 205.6 (not explained; the SASS loop of turbo 4-bit has 18 fewer
-    instructions with it and spills less), so from ``LONG_SPLIT_KEYS`` keys per split those read the
-    matrix."""
-    return spec.bits in (2, 3) or split_keys < LONG_SPLIT_KEYS
+    instructions with it and spills less), so from ``LONG_SPLIT_KEYS`` keys per split 8-bit reads the
+    matrix. 4-bit did too while its codes were gathered; with :func:`_shuffle_lut`'s lookups the planes
+    are faster on long splits as well (2026-12-04, ``benchmarks/results/session26_gpu/``): 32K 149.8 →
+    144.1 µs, 16K 86.0 → 79.6."""
+    return spec.bits <= 4 or split_keys < LONG_SPLIT_KEYS
 
 
 def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bool:
@@ -1353,7 +1445,7 @@ class _Plan:
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None, block_sums=None)
+                        plane_hadamard=None, block_sums=None, shuffle_lut=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1367,7 +1459,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard, block_sums) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1423,8 +1515,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    luts = [_gathers(s) and (_register_lut(s, one_warp) if register_lut is None else register_lut)
-            for s in (k_spec, v_spec)]
+    luts = []
+    for spec in (k_spec, v_spec):
+        shfl = _shuffle_lut(spec) if shuffle_lut is None else bool(shuffle_lut)
+        prmt = _register_lut(spec, one_warp) if register_lut is None else bool(register_lut)
+        kind = "" if not _gathers(spec) else "shfl" if shfl else "prmt" if prmt else ""
+        luts.append(f"{kind}:{_register_lut_words(spec, D)}" if kind else "")
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
@@ -1461,8 +1557,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
-        K_LUT_WORDS=_register_lut_words(k_spec, D) if luts[0] else "",
-        V_LUT_WORDS=_register_lut_words(v_spec, D) if luts[1] else "")
+        K_LUT=luts[0], V_LUT=luts[1])
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1485,7 +1580,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
-                     block_sums: Optional[bool] = None) -> torch.Tensor:
+                     block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1498,12 +1593,14 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
     default 4 or 2 for affine 2/3/4-bit on splits of ``LONG_SPLIT_KEYS`` keys or more, else 1).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
-    default for one-warp programs). ``register_lut``: turbo codes of ≤ 4 bits looked up by byte
-    permutes in a table held in registers (GPU; the interpreter keeps the gather) instead of by
-    :func:`_lookup`'s gather (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
+    default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
+    shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default
+    for 3- and 4-bit codes, :func:`_shuffle_lut`). ``register_lut``: where the shuffles are off, by
+    byte permutes in a table held in the instructions instead of by :func:`_lookup`'s gather (by
+    default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
     (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix ``√D · R``
-    (:func:`_q_plane`, :func:`_rotated_back`); by default for 2- and 3-bit codes, and for 4- and 8-bit
+    (:func:`_q_plane`, :func:`_rotated_back`); by default for 2-, 3- and 4-bit codes, and for 8-bit
     ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`). ``block_sums``: each
     block's value dots start from zero and join the accumulators by fp32 adds (:func:`_plus_dot`; by
     default for affine values on long splits without row groups, :func:`_block_sums`).
@@ -1514,7 +1611,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard, block_sums)
+              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q
