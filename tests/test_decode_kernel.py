@@ -181,6 +181,16 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
     return [None if o is None else o[0] if lanes == 1 else o for o in out]
 
 
+def _turbo_lut(kind: str, bits: int, D: int):
+    """The decode kernel's ``LUT`` constexpr of a turbo spec for lookups of ``kind`` (``prmt``/``shfl``),
+    and the fp16 bits of its centroids."""
+    from turboquant.templates import decode_attention as da
+
+    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
+    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    return f"{kind}:{da._register_lut_words(spec, D)}", table
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4])
 @pytest.mark.parametrize("D", [64, 80, 128])
 def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
@@ -189,11 +199,9 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
     ones come in place in the lanes of ``_field3_lanes``."""
     from turboquant.templates import decode_attention as da
 
-    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
-    words = "prmt:" + da._register_lut_words(spec, D)
-    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    words, table = _turbo_lut("prmt", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(8 if bits == 3 else 16 // bits):
+    for s in range(da._planes(bits)):
         asm = da._register_lut_asm.fn(bits, words, s)
         for _ in range(100):
             w = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
@@ -215,11 +223,9 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
     two int16 row words per lane; 3-bit: four bytes of each of the three byte planes."""
     from turboquant.templates import decode_attention as da
 
-    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
-    lut = "shfl:" + da._register_lut_words(spec, D)
-    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    lut, table = _turbo_lut("shfl", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(8 if bits == 3 else 16 // bits):
+    for s in range(da._planes(bits)):
         asm = da._shuffle_lut_asm.fn(bits, lut, s)
         for _ in range(20):
             if bits == 3:  # byte planes: lane l's word k is b0[l][k] | b1[l][k] << 8 | b2[l][k] << 16
