@@ -308,7 +308,8 @@ def _shuffle_lut_asm(bits, lut, s):
     every ``2^bits`` lanes, so a code needs no mask: one shift (none for a field at bit 0), one shuffle,
     and a permute per two results to pack them. Against :func:`_lookup`'s gather, which Triton lowers
     to the same shuffles (one-warp programs) or shared-memory loads (four warps) after a shift and a
-    mask per code, and a conversion and pack.
+    mask per code, and a conversion and pack. The shuffles name every lane of the warp as a member: the
+    lookups are straight-line code of the loop, never under a branch some lanes skip.
 
     2/4-bit (pack 2): ``$1`` two int16 row words, plane ``s``'s field at bit ``bits · s`` of each;
     ``$0`` their two centroids. 3-bit (pack 4): ``$2`` four bytes of the byte plane that holds plane
