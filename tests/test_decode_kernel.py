@@ -732,6 +732,20 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits", [(3, 3), (4, 4)])
+@pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
+@pytest.mark.parametrize("D", [64, 96, 256])
+def test_shuffle_lookups_at_other_head_dims_on_gpu(bits, S, D):
+    # the default lookups of 3/4-bit turbo codes (shuffles) at the head dims test_register_lut_on_gpu
+    # leaves out: row words of 8 to 64 columns per plane, 96 not a power of two (R read as a matrix)
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
+    shfl, ref = _case("turbo", *bits, **args)
+    gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
+    assert _rel(shfl, gather.double()) < 1e-3, (_rel(shfl, ref), _rel(gather, ref))
+    assert _rel(shfl, ref) < TOL
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("bits", [(2, 2), (3, 3), (4, 4), (4, 2), (3, 8)])
 @pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
 @pytest.mark.parametrize("D", [128, 80])
