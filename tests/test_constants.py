@@ -79,3 +79,24 @@ def test_a_failed_device_copy_raises_in_the_caller():
     with pytest.raises((RuntimeError, AssertionError), match="CUDA|device"):
         constants._copy_outside_graph_pools(torch.ones(3), "cuda:99" if torch.cuda.is_available() else "cuda",
                                             torch.float32)
+
+
+def test_a_table_read_twice_in_one_traced_graph_is_one_constant():
+    """While a graph is traced with fake tensors (AOTAutograd under Inductor), every read of a table
+    is the same traced constant: a layer's K and V cache writes then read one buffer, which Inductor
+    needs before it makes them one kernel (``test_a_turbo_write_is_its_rotation…``). Two traces keep
+    their own; other tables stay apart."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        a = signed_hadamard(8, 3, dtype=torch.float32)
+        b = signed_hadamard(8, 3, dtype=torch.float32)
+        c = signed_hadamard(8, 4, dtype=torch.float32)
+        return x @ a, x @ b, x @ c
+
+    x = torch.randn(2, 8)
+    f(x)  # the tables built (cached) before the traces, as a model's eager calls build them
+    for _ in range(2):
+        g = make_fx(f, tracing_mode="fake")(x)
+        assert len([n for n in g.graph.nodes if n.op == "get_attr"]) == 2, g.code
+        assert all(torch.equal(o, w) for o, w in zip(g(x), f(x)))

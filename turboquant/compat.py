@@ -69,6 +69,13 @@ def tracing_with_fake_tensors() -> bool:
     return detect_fake_mode() is not None
 
 
+def current_proxy_mode():
+    """The proxy mode recording the graph being traced (make_fx, AOTAutograd), or None."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    return get_proxy_mode()
+
+
 def real_tolist(t):
     """``t.tolist()`` for a real tensor, also while a fake-tensor mode is active."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily

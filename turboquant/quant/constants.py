@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
 
-from ..compat import real_tolist, real_tensor_mode, tracing_with_fake_tensors
+from ..compat import current_proxy_mode, real_tolist, real_tensor_mode, tracing_with_fake_tensors
 
 __all__ = ["as_constant"]
 
@@ -23,7 +24,8 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
     itself (it ignores ``lru_cache`` and would re-run the table's construction, seeded
     generators included, and break the graph). While AOTAutograd/Inductor trace with fake
     tensors (a tensor subclass's dispatch) a real tensor cannot be moved, so the table is
-    rebuilt from Python numbers and becomes a constant of the compiled graph.
+    rebuilt from Python numbers and becomes a constant of the compiled graph: one constant per table
+    and graph, however many cache writes read it (:func:`_traced_table`).
     """
     if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
         # computed on (× 1, exact): two constant results used as they are make AOTAutograd see one
@@ -31,8 +33,29 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
         return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype) * 1
     table = _cpu_table(table_fn, key)
     if tracing_with_fake_tensors():
-        return torch.tensor(real_tolist(table), device=device, dtype=dtype or table.dtype)
+        return _traced_table(table, (table_fn, key, None if device is None else str(torch.device(device)), dtype),
+                             device, dtype or table.dtype)
     return _on_device(table, device, dtype)
+
+
+def _traced_table(table: torch.Tensor, memo_key: tuple, device, dtype) -> torch.Tensor:
+    """The table as a constant of the graph being traced, the same traced tensor for every read of it
+    in that graph. Two reads of one table (K's and V's writes of a layer) then read one buffer, which
+    Inductor's scheduler needs before it fuses two kernels that do not feed each other (it fuses such
+    a pair only where they read common memory): a layer's K and V turbo rotations become one kernel
+    and their stores another, as do 3-bit stores (decode step of an HF Llama, CPU Triton schedule:
+    turbo-4 15 → 13 kernels, affine-3 13 → 12). Outside a graph's tracing (a fake-tensor pass that
+    records nothing) each read makes its own."""
+    mode = current_proxy_mode()
+    if mode is None:
+        return torch.tensor(real_tolist(table), device=device, dtype=dtype)
+    memo = _TRACED.setdefault(mode, {})
+    if memo_key not in memo:
+        memo[memo_key] = torch.tensor(real_tolist(table), device=device, dtype=dtype)
+    return memo[memo_key]
+
+
+_TRACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # proxy mode → {table key: traced tensor}
 
 
 @torch.compiler.assume_constant_result

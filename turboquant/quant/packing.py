@@ -21,6 +21,8 @@ import functools
 
 import torch
 
+from .constants import as_constant
+
 __all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
            "slot_owners", "pack_sources"]
 
@@ -132,6 +134,13 @@ def slot_owners(bits: int, device=None) -> list:
     return owners
 
 
+def _slot_shifts(bits: int, i: int) -> torch.Tensor:
+    """How far slot ``i``'s code moves into each byte of a packed block (``int32 [bytes, 1]``; negative:
+    to the right), from :func:`_source_table`."""
+    table = _source_table(bits)
+    return torch.tensor([[table[k][i][1]] for k in range(len(table))], dtype=torch.int32)
+
+
 def pack_sources(codes: list, bits: int) -> torch.Tensor:
     """Packed rows (``uint8 [..., packed_size(n, bits)]``, as :func:`pack_codes`) from the int32
     codes of :func:`byte_sources`' slots."""
@@ -141,7 +150,7 @@ def pack_sources(codes: list, bits: int) -> torch.Tensor:
         if len(table) == 1:
             field = c << table[0][i][1]
         else:
-            shift = torch.tensor([[table[k][i][1]] for k in range(len(table))], dtype=torch.int32, device=c.device)
+            shift = as_constant(_slot_shifts, bits, i, device=c.device)
             field = (c << shift.clamp(min=0)) >> (-shift).clamp(min=0)
         packed = field if packed is None else packed | field
     packed = packed & 0xFF
