@@ -133,7 +133,8 @@ def main(argv=None):
     n, ops = loop_counts(sass)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     block_n = consts["BLOCK_N"]
-    row = dict(method=a.method, bits=a.bits, S=a.S, lookup=consts["K_LUT"].partition(":")[0] or ("gather" if a.method == "turbo" else ""),
+    lookup = da._lut_kind.fn(consts["K_LUT"]) or ("gather" if a.method == "turbo" else "")
+    row = dict(method=a.method, bits=a.bits, S=a.S, lookup=lookup,
                plane_hadamard=consts["K_PLANE_H"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
                stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),

@@ -30,12 +30,15 @@ def as_constant(table_fn: Callable[..., torch.Tensor], *key, device=None, dtype=
     if torch.compiler.is_dynamo_compiling():  # True only in Dynamo's symbolic trace
         # computed on (× 1, exact): two constant results used as they are make AOTAutograd see one
         # source ("_graph_constant") lifted twice
-        return _graph_constant(table_fn, key, None if device is None else str(torch.device(device)), dtype) * 1
+        return _graph_constant(table_fn, key, _device_name(device), dtype) * 1
     table = _cpu_table(table_fn, key)
     if tracing_with_fake_tensors():
-        return _traced_table(table, (table_fn, key, None if device is None else str(torch.device(device)), dtype),
-                             device, dtype or table.dtype)
+        return _traced_table(table, (table_fn, key, _device_name(device), dtype), device, dtype or table.dtype)
     return _on_device(table, device, dtype)
+
+
+def _device_name(device) -> Optional[str]:
+    return None if device is None else str(torch.device(device))
 
 
 def _traced_table(table: torch.Tensor, memo_key: tuple, device, dtype) -> torch.Tensor:
@@ -47,9 +50,7 @@ def _traced_table(table: torch.Tensor, memo_key: tuple, device, dtype) -> torch.
     turbo-4 15 → 13 kernels, affine-3 13 → 12). Outside a graph's tracing (a fake-tensor pass that
     records nothing) each read makes its own."""
     mode = current_proxy_mode()
-    if mode is None:
-        return torch.tensor(real_tolist(table), device=device, dtype=dtype)
-    memo = _TRACED.setdefault(mode, {})
+    memo = {} if mode is None else _TRACED.setdefault(mode, {})
     if memo_key not in memo:
         memo[memo_key] = torch.tensor(real_tolist(table), device=device, dtype=dtype)
     return memo[memo_key]

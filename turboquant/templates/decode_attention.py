@@ -261,18 +261,16 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm` or :func:`_register_lut_asm`;
     else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
-    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl" and BITS == 3:
-        # four codes an asm: a plane's bytes (and the next plane's, where its fields straddle)
-        lo, hi = _field3_bytes(b0, b1, b2, S)
-        if _field3_shift(S) > 5:
-            ASM3: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
-            vals = tl.inline_asm_elementwise(ASM3, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
+    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
+        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+        if BITS != 3:
+            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+        elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
+            lo, hi = _field3_bytes(b0, b1, b2, S)
+            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
         else:
-            ASM1: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
-            vals = tl.inline_asm_elementwise(ASM1, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
-    elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
-        ASM2: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
-        vals = tl.inline_asm_elementwise(ASM2, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+            lo, hi = _field3_bytes(b0, b1, b2, S)
+            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
     elif TURBO and USE_ASM and LUT != "":
         ASM: tl.constexpr = _register_lut_asm(BITS, LUT, S)
         src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
@@ -432,6 +430,20 @@ def _shuffle_lut(spec: TensorQuantSpec) -> bool:
     16K 134.4 → 86.0, 152.4 → 88.3, 60.7 → 72.2; 1K 14.94 → 11.71, 17.50 → 17.31, 12.62 → 14.00. So 3-
     and 4-bit codes take the shuffles and 2-bit ones keep the permutes (one per two codes)."""
     return spec.bits in (3, 4)
+
+
+def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: Optional[bool],
+                   register_lut: Optional[bool]) -> str:
+    """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`_lut_kind`): the lookup the overrides or the
+    defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering spec, with its
+    table words."""
+    if not _gathers(spec):
+        return ""
+    if _shuffle_lut(spec) if shuffle_lut is None else shuffle_lut:
+        return f"shfl:{_register_lut_words(spec, d)}"
+    if _register_lut(spec, one_warp) if register_lut is None else register_lut:
+        return f"prmt:{_register_lut_words(spec, d)}"
+    return ""
 
 
 def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
@@ -1516,12 +1528,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    luts = []
-    for spec in (k_spec, v_spec):
-        shfl = _shuffle_lut(spec) if shuffle_lut is None else bool(shuffle_lut)
-        prmt = _register_lut(spec, one_warp) if register_lut is None else bool(register_lut)
-        kind = "" if not _gathers(spec) else "shfl" if shfl else "prmt" if prmt else ""
-        luts.append(f"{kind}:{_register_lut_words(spec, D)}" if kind else "")
+    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut) for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
