@@ -3,6 +3,7 @@
     python benchmarks/decode_attention.py                       # B=8, Hq=32, Hkv=8, D=128, 1K..64K
     python benchmarks/decode_attention.py --contexts 1024 32768 --methods turbo --bits 4
     python benchmarks/decode_attention.py --contexts 32768 --methods affine --variants one-group:row_groups=1
+    python benchmarks/decode_attention.py --head-dim 64 --no-write-path     # Llama-3.2-1B's, Qwen2.5-0.5B's heads
 
 Per context: bf16 cuDNN and flash SDPA (one query token, GQA) against turboquant's
 ``torch.ops.turboquant.attention`` (one Triton launch: split-K, the splits merged in the kernel) for each method and
@@ -23,7 +24,8 @@ from turboquant import KVQuantConfig
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.reporting import format_table, write_csv
 
-COLUMNS = ["context", "setting", "us", "us_graph", "speedup", "speedup_graph", "bytes", "GBps", "GBps_graph"]
+COLUMNS = ["head_dim", "context", "setting", "us", "us_graph", "speedup", "speedup_graph", "bytes", "GBps",
+           "GBps_graph"]
 
 
 def _bench(fn):
@@ -55,7 +57,7 @@ def run(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
                 continue
             base.setdefault("us", us)
             base.setdefault("usg", usg)
-            rows.append({"context": S, "setting": name, "us": us, "us_graph": usg, "bytes": dense_bytes,
+            rows.append({"head_dim": D, "context": S, "setting": name, "us": us, "us_graph": usg, "bytes": dense_bytes,
                          "GBps": dense_bytes / us / 1e3, "GBps_graph": dense_bytes / usg / 1e3})
         for method in methods:
             for b in bits:
@@ -64,7 +66,8 @@ def run(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
                 vc = QuantizedCacheTensor.from_dense(v, cfg.spec("v"))
                 nbytes = kc.quantized_nbytes + vc.quantized_nbytes
                 us, usg = _bench(lambda: F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True))
-                rows.append({"context": S, "setting": f"turboquant {method} {b}-bit", "us": us, "us_graph": usg,
+                rows.append({"head_dim": D, "context": S, "setting": f"turboquant {method} {b}-bit", "us": us,
+                             "us_graph": usg,
                              "bytes": nbytes, "GBps": nbytes / us / 1e3, "GBps_graph": nbytes / usg / 1e3})
                 del kc, vc
         for r in rows:
@@ -130,7 +133,8 @@ def sweep(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
                 except Exception as e:  # out of resources for this tile
                     print(f"{method} {b} {warps} {block_n} {n_splits} {stages} {rows}: {type(e).__name__}", file=sys.stderr)
                     continue
-                rows_out.append({"context": S, "setting": f"{method} {b}-bit", "num_warps": warps, "block_n": block_n,
+                rows_out.append({"head_dim": D, "context": S, "setting": f"{method} {b}-bit", "num_warps": warps,
+                                 "block_n": block_n,
                                  "num_splits": n_splits or "default", "num_stages": stages,
                                  "min_tile_rows": rows or "default", "us_graph": usg, "GBps_graph": nbytes / usg / 1e3})
             del kc, vc
@@ -178,7 +182,8 @@ def compare_variants(contexts, methods, bits, variants, B=8, HQ=32, HKV=8, D=128
                 return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
         base = tt.do_bench_cudagraph(cudnn, rep=50, return_mode="median") * 1e3
-        rows.append({"context": S, "setting": "bf16 cuDNN SDPA", "variant": "", "us_graph": base, "speedup_graph": 1.0})
+        rows.append({"head_dim": D, "context": S, "setting": "bf16 cuDNN SDPA", "variant": "", "us_graph": base,
+                     "speedup_graph": 1.0})
         for method, b in itertools.product(methods, bits):
             cfg = KVQuantConfig(method=method, bits=b)
             kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(v, cfg.spec("v"))
@@ -194,7 +199,8 @@ def compare_variants(contexts, methods, bits, variants, B=8, HQ=32, HKV=8, D=128
                 except Exception as e:  # a launch this tile cannot take (resources, constraints)
                     print(f"{S} {method} {b}-bit {name}: {type(e).__name__}: {e}", file=sys.stderr)
                     continue
-                rows.append({"context": S, "setting": f"turboquant {method} {b}-bit", "variant": name, "us_graph": us,
+                rows.append({"head_dim": D, "context": S, "setting": f"turboquant {method} {b}-bit", "variant": name,
+                             "us_graph": us,
                              "speedup_graph": base / us, "rel_err": err})
             del kc, vc, ref
         del q, k, v
@@ -207,6 +213,7 @@ def main(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 32768, 65536])
     p.add_argument("--methods", nargs="+", default=["affine", "turbo"])
     p.add_argument("--bits", type=int, nargs="+", default=[8, 4, 3, 2])
+    p.add_argument("--head-dim", type=int, default=128, help="D (Hq=32, Hkv=8, B=8 as ever)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--sweep", action="store_true",
                    help="only sweep the kernel's launch parameters (at --contexts, --methods, --bits)")
@@ -219,24 +226,25 @@ def main(argv=None):
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.sweep:
-        rows, best = sweep(args.contexts, args.methods, args.bits)
-        cols = ["context", "setting", "num_warps", "block_n", "num_splits", "num_stages", "min_tile_rows", "us_graph",
-                "GBps_graph"]
+        rows, best = sweep(args.contexts, args.methods, args.bits, D=args.head_dim)
+        cols = ["head_dim", "context", "setting", "num_warps", "block_n", "num_splits", "num_stages", "min_tile_rows",
+                "us_graph", "GBps_graph"]
         write_csv(rows, os.path.join(args.out, "decode_sweep.csv"), cols)
         print(format_table(best, cols))
         return 0
     if args.variants:
-        rows = compare_variants(args.contexts, args.methods, args.bits, [_parse_variant(v) for v in args.variants])
-        cols = ["context", "setting", "variant", "us_graph", "speedup_graph", "rel_err"]
+        rows = compare_variants(args.contexts, args.methods, args.bits, [_parse_variant(v) for v in args.variants],
+                                D=args.head_dim)
+        cols = ["head_dim", "context", "setting", "variant", "us_graph", "speedup_graph", "rel_err"]
         print(format_table(rows, cols))
         print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_variants.csv'), cols)}")
         return 0
-    rows = run(args.contexts, args.methods, args.bits)
+    rows = run(args.contexts, args.methods, args.bits, D=args.head_dim)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_attention.csv'), COLUMNS)}")
     if args.no_write_path:
         return 0
-    wrows = write_path()
+    wrows = write_path(D=args.head_dim)
     print(format_table(wrows, ["setting", "us", "us_graph"]))
     print(f"wrote {write_csv(wrows, os.path.join(args.out, 'write_path.csv'), ['setting', 'us', 'us_graph'])}")
     return 0

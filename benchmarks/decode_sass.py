@@ -4,10 +4,11 @@
     python benchmarks/decode_sass.py turbo 2 --register-lut          # centroids from registers
     python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
     python benchmarks/decode_sass.py turbo 4 --S 1024 --no-plane-hadamard   # rotation read as a matrix
+    python benchmarks/decode_sass.py affine 2 --head-dim 64
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
-call of this shape would get (B = 8, Hkv = 8, GQA 4, one query position, inside a CUDA graph),
-disassembles it with the ptxas/cuobjdump that ship with Triton, and counts the SASS instructions
+call of this shape would get (B = 8, Hkv = 8, GQA 4, one query position, head_dim 128 unless ``--head-dim``,
+inside a CUDA graph), disassembles it with the ptxas/cuobjdump that ship with Triton, and counts the SASS instructions
 of the main loop (the longest backward branch): per key, and per opcode; and the whole kernel's
 count (the fixed work a short split pays: turbo's rotations, the stores). No GPU is needed; the
 counts are not timings (the design notes pair them with H200 timings where they have them).
@@ -107,6 +108,7 @@ def main(argv=None):
     p.add_argument("method", choices=["affine", "turbo"])
     p.add_argument("bits", type=int, choices=[2, 3, 4, 8])
     p.add_argument("--S", type=int, default=32768, help="cache length (sets the plan: warps, blocks, row groups)")
+    p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--num-warps", type=int)
     p.add_argument("--block-n", type=int)
     p.add_argument("--row-groups", type=int)
@@ -121,7 +123,7 @@ def main(argv=None):
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
-    sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, num_warps=a.num_warps,
+    sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, D=a.head_dim, num_warps=a.num_warps,
                                                       block_n=a.block_n, row_groups=a.row_groups,
                                                       register_lut=a.register_lut,
                                                       plane_hadamard=a.plane_hadamard, block_sums=a.block_sums,

@@ -182,6 +182,33 @@ def test_decode_sass_counts_the_loop_of_the_kernel_compiled_for_sm90(tmp_path):
     assert float(rows[True]["per_key"]) < 0.8 * float(rows[False]["per_key"])
 
 
+def _sass_row(tmp_path, *args):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_sass.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile, not the interpreter
+    subprocess.run([sys.executable, str(path), *args, "--out", str(tmp_path)], env=env, check=True,
+                   capture_output=True)
+    row = next(csv.DictReader(open(tmp_path / "decode_sass.csv")))
+    return row, {k: int(v) for k, v in (x.split(":") for x in row["opcodes"].split())}
+
+
+def test_decode_kernel_at_head_dim_64_compiled_for_sm90(tmp_path):
+    """head_dim 64 on sm_90 (CPU compile). 2-bit rows are 8 words, a stride the JIT marks with no
+    alignment: unless the kernel states one, each word was a scalar load in the loop (72 a block, no
+    ``LDGSTS``), never staged through shared memory. Affine 4-bit values make 16-column planes there, and
+    a short cache's four warps each computed the whole 16-row tile (66 ``MUFU`` a block, 12.1
+    instructions per key): such tiles take 4 rows."""
+    pytest.importorskip("triton")
+    row, ops = _sass_row(tmp_path, "affine", "2", "--S", "32768", "--head-dim", "64")
+    assert ops.get("LDGSTS", 0) >= 8 and ops.get("LDG", 0) <= 8, row["opcodes"]
+    row, ops = _sass_row(tmp_path, "affine", "4", "--S", "1024", "--head-dim", "64")
+    assert row["num_warps"] == "4" and ops["MUFU"] <= 16 and float(row["per_key"]) < 8, row["opcodes"]
+
+
 def test_compile_codegen_benchmark_smoke(tmp_path):
     """``benchmarks/compile_codegen.py`` on one layer (CPU): a row per setting from a child process,
     the quantized model's schedule with no fewer Triton kernels than bf16's, and the CSV."""

@@ -89,6 +89,49 @@ def test_head_dims(D):
     assert _rel(out, ref) < TOL
 
 
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_code_rows_inside_wider_rows(method, bits):
+    """Codes that are a view into a wider buffer, each row followed by one or four words of another
+    tensor: the alignment the kernel is told to assume (``_code_alignment``: 1 or 4 words) must divide
+    every stride, or the rows it reads are the wrong ones."""
+    from turboquant.templates import decode_attention as da
+
+    gen = torch.Generator().manual_seed(bits)
+    B, hkv, g, S, D = 2, 2, 2, 21, 64
+    cfg = KVQuantConfig(method=method, bits=bits)
+    q = torch.randn(B, hkv * g, 1, D, generator=gen).to(DEVICE)
+    kq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg)
+    vq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg, role="v")
+
+    def wider(codes, extra):  # the same codes, each row followed by `extra` bytes of another tensor
+        word = 1 if bits == 3 else 2
+        buf = torch.full((*codes.shape[:-1], codes.shape[-1] + extra * word), 0x5A, dtype=torch.uint8,
+                         device=codes.device)
+        buf[..., : codes.shape[-1]] = codes
+        return buf[..., : codes.shape[-1]]
+
+    rows_last = (lambda t: t.flatten(-2)) if method == "affine" else (lambda t: t)
+    for extra in (1, 4):
+        kc, vc = wider(kq.codes, extra), wider(vq.codes, extra)
+        word = torch.uint8 if bits == 3 else torch.int16
+        assert da._code_alignment(da.strides_as(kc, word), word) == extra
+        out = decode_attention(q, kc, rows_last(kq.meta), vc, rows_last(vq.meta), kq.spec, vq.spec, D,
+                               block_n=16 if DEVICE == "cpu" else 128)
+        assert _rel(out, reference_attention(q, kq, vq)) < TOL
+
+
+def test_code_alignment_is_what_every_stride_is_a_multiple_of():
+    from turboquant.templates import decode_attention as da
+
+    assert da._code_alignment((2 * 32768 * 16, 32768 * 16, 16), torch.int16) == 1  # the JIT's own hint holds
+    assert da._code_alignment((2 * 45 * 8, 45 * 8, 8), torch.int16) == 8           # 64-dim 2-bit rows
+    assert da._code_alignment((2 * 45 * 24, 45 * 24, 24), torch.uint8) == 8        # 64-dim 3-bit rows
+    assert da._code_alignment((2 * 45 * 30, 45 * 30, 30), torch.uint8) == 2        # 80-dim 3-bit rows
+    assert da._code_alignment((2 * 9 * 12, 9 * 12, 12), torch.int16) == 4          # 96-dim 2-bit rows
+    assert da._code_alignment((0, 45 * 8, 8), torch.int16) == 8                    # a broadcast batch
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])  # one split normalises in place; more go through the merge
 @pytest.mark.parametrize("D", [64, 80])  # the Hadamard form (H from indices) and a dense R
 @pytest.mark.parametrize("v_scale", [1e-3, 1e5])

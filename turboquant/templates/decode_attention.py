@@ -105,15 +105,15 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
     (``W = NBYTES / 3`` words): three contiguous loads.
     """
+    W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // 2
     t = tl.arange(0, PW)
+    ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
     if BITS == 3:
-        W: tl.constexpr = NBYTES // 3
-        ok = n_ok[:, None] & (t[None, :] < W)
         b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
         b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
         b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
     else:
-        b0 = tl.load(row_ptr + t[None, :], mask=n_ok[:, None] & (t[None, :] < NBYTES // 2), other=0)
+        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
         b1 = b0
         b2 = b0
     return b0, b1, b2
@@ -752,7 +752,7 @@ def _decode_split_kernel(
     RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
     ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
-    V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr,
+    V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -823,6 +823,14 @@ def _decode_split_kernel(
     start = split * (split_blocks * BLOCK_N)
     km_base = km_ptr + b * stride_kmb + h * stride_kmh
     vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
+    if K_ALIGN > 1:  # the code strides as the multiples of K_ALIGN words they are (_code_alignment)
+        stride_kcb = (stride_kcb // K_ALIGN) * K_ALIGN
+        stride_kch = (stride_kch // K_ALIGN) * K_ALIGN
+        stride_kcs = (stride_kcs // K_ALIGN) * K_ALIGN
+    if V_ALIGN > 1:
+        stride_vcb = (stride_vcb // V_ALIGN) * V_ALIGN
+        stride_vch = (stride_vch // V_ALIGN) * V_ALIGN
+        stride_vcs = (stride_vcs // V_ALIGN) * V_ALIGN
     kc_base = kc_ptr + b * stride_kcb + h * stride_kch
     vc_base = vc_ptr + b * stride_vcb + h * stride_vch
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
@@ -1236,14 +1244,17 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     po.copy_(p @ vr)
 
 
-def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec) -> int:
+def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, vpw: int) -> int:
     """Rows a tile holds at least (MMA pads to 16 either way). Fewer rows than 16 make ptxas copy
     the broadcast query fragments before every MMA, more rows cost softmax work on padding; from
     sm_90 SASS of the loop (warp instructions per key, B=8 Hq=32 Hkv=8 D=128): affine 4-bit 24.1
     at 16 rows vs 25.4 at 4 (128 registers both); affine 8-bit 24.2 vs 25.4 but 144 registers
     against 128 (H200: 197 vs 171 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
-    3-bit 74 vs 102."""
-    return 16 if all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
+    3-bit 74 vs 102. Not where the value planes are 16 columns wide (``vpw``: head_dim 64 at 4 bits): the
+    four warps of a short cache's program then each computed the whole 16-row tile (sm_90 SASS, affine
+    4-bit, 1K: 12.08 instructions per key per warp, 128 MMAs and 66 ``exp2`` a block, against 5.16, 48
+    and 9 with 4 rows; at head_dim 128, 5.76 with 16 rows against 6.27 with 4)."""
+    return 16 if vpw >= 32 and all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
 
 def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
@@ -1331,6 +1342,29 @@ def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bo
     32K: not for row groups. Four-warp affine tiles on long splits (a host-bound call of one split, up
     to ``HOST_BOUND_KEY_ROWS`` key rows) take them too: not timed, and host-bound by definition."""
     return v_spec.method == "affine" and row_groups == 1 and split_keys >= LONG_SPLIT_KEYS
+
+
+def _code_alignment(strides: tuple, word: torch.dtype) -> int:
+    """What the kernel tells the compiler about a code tensor's strides (batch, head, row; in ``word``
+    units): the largest power of two up to a 16-byte vector's words that divides them all, or 1 where
+    the JIT's own hint covers them (it marks an integer divisible by 16, and nothing less).
+
+    Rows whose stride is not a multiple of 16 words (head_dim 64 at 2 bits: 8 words; at 3 bits: 24
+    bytes; every width at head_dim 80 and 96) had no known alignment, so each row's words were loaded
+    one scalar load each, straight into registers, never staged through shared memory by the
+    pipeliner. sm_90 SASS of the loop, instructions per key before → after (``benchmarks/decode_sass.py
+    METHOD BITS --head-dim D [--S 1024]``), 32K: head_dim 64 affine 3-bit 42.45 → 22.08, 2-bit 24.69 →
+    14.64, turbo 3-bit 55.70 → 37.70, 2-bit 38.19 → 29.30 (72–200 scalar loads a block → 8); head_dim 96
+    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92; 1K: head_dim 64 affine 3-bit 13.05 → 9.13,
+    head_dim 80 affine 8-bit 16.32 → 6.98. Not timed on a GPU. 80-dim 3-bit rows keep scalar loads
+    (30 bytes: their second byte plane starts 10 bytes in, below cp.async's 4-byte alignment)."""
+    if all(x % 16 == 0 for x in strides):
+        return 1
+    align = 16 // word.itemsize
+    for x in strides:
+        while x % align:
+            align //= 2
+    return align
 
 
 def _turbo8(spec: TensorQuantSpec) -> bool:
@@ -1484,12 +1518,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         one = _one_warp_programs(k_spec, v_spec, S, G * L) and not (host_bound and num_splits in (None, 1))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1
-    if min_tile_rows is None:
-        min_tile_rows = 4 if one_warp else _min_tile_rows(k_spec, v_spec)
-    M = min(MAX_TILE_ROWS, max(min_tile_rows, _pow2(G * L)))
     KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
+    if min_tile_rows is None:
+        min_tile_rows = 4 if one_warp else _min_tile_rows(k_spec, v_spec, VPW)
+    M = min(MAX_TILE_ROWS, max(min_tile_rows, _pow2(G * L)))
     short_affine3 = S <= SHORT_AFFINE3_KEYS and all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
     if block_n is None and one_warp:
         block_n = 32 if 8 in (k_spec.bits, v_spec.bits) else 64
@@ -1565,7 +1599,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
-        K_LUT=luts[0], V_LUT=luts[1])
+        K_LUT=luts[0], V_LUT=luts[1],
+        K_ALIGN=_code_alignment(strides_as(k_codes, k_word)[:3], k_word),
+        V_ALIGN=_code_alignment(strides_as(v_codes, v_word)[:3], v_word))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
