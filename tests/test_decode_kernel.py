@@ -244,7 +244,7 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
 
     words, table = _turbo_lut("prmt", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits)):
+    for s in range(da._planes(bits, D * bits // 8)):
         asm = da._register_lut_asm.fn(bits, words, s)
         for _ in range(100):
             w = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
@@ -268,7 +268,7 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
 
     lut, table = _turbo_lut("shfl", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits)):
+    for s in range(da._planes(bits, D * bits // 8)):
         asm = da._shuffle_lut_asm.fn(bits, lut, s)
         for _ in range(20):
             if bits == 3:  # byte planes: lane l's word k is b0[l][k] | b1[l][k] << 8 | b2[l][k] << 16
@@ -772,6 +772,19 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
     monkeypatch.setattr(turbo, "turbo_centroids", lambda d, b, device=None, dtype=torch.float64: tables[b].to(dtype))
     out = reference_attention(q_seen, kq, vq, attn_mask=m).to(torch.bfloat16)
     assert _rel(out, ref) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("bits", [(2, 2), (3, 3), (8, 2), (4, 4)])
+@pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
+@pytest.mark.parametrize("D", [64, 96])
+def test_narrow_heads_on_gpu(method, bits, S, D):
+    # rows of fewer than 16 words: 2-bit codes a byte per plane column (_byte_cols), strides the JIT
+    # marks with no alignment (_code_alignment: 8-word 2-bit rows, 24-byte 3-bit rows, 96-dim rows)
+    out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D,
+                     dtype=torch.bfloat16, block_n=None)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL
 
 
 @pytest.mark.gpu

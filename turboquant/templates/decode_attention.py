@@ -85,15 +85,34 @@ LONG_CACHE_KEYS = 2048
 LONG_SPLIT_KEYS = 1024
 
 
-def _planes(bits: int) -> int:
-    """Planes a packed row splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
+def _planes(bits: int, nbytes: int) -> int:
+    """Planes a packed row of ``nbytes`` splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
 
     2/4/8-bit rows are read as 16-bit words (``16 / bits`` codes each): the dot operand then has
     the 16-bit layout (k-width 2), which keeps the query's MMA fragments in place; 8-bit
     sources made Triton use k-width 4 and ptxas copied four query registers before every MMA.
+    Rows of fewer than 16 words are read a byte per column instead (:func:`_byte_cols`).
     3-bit rows are read as 24-bit words from three byte planes (8 codes each).
     """
-    return 8 if bits == 3 else 16 // bits
+    if bits == 3:
+        return 8
+    return 8 // bits if _byte_cols.fn(bits, nbytes) else 16 // bits
+
+
+@triton.constexpr_function
+def _byte_cols(bits, nbytes):
+    """Whether a 2/4/8-bit row is read one byte per plane column (``8 / bits`` planes), not one 16-bit word
+    (``16 / bits``): rows of at most 16 bytes (head_dim 64 at 2 bits). A plane of words would be
+    narrower than an MMA's 16-deep step, and padded to it: at head_dim 64, 2-bit rows made eight
+    planes of 8 columns padded to 16, as many MMAs and conversions per key as head_dim 128's.
+    In bytes, four planes of 16 columns: no padding. (Wider rows that still pad, 80 and 96 dims at 2
+    bits, pad as much either way, and their bytes cost more: 32K affine 2-bit 17.61 against 22.03 per
+    key at head_dim 80 in words and bytes.) The bytes widen to 16-bit lanes once per block,
+    and every plane reads them as it reads words' low bytes. sm_90 SASS of the loop, head_dim 64,
+    instructions per key, words → bytes (``benchmarks/decode_sass.py METHOD 2 --head-dim 64 [--S 1024]``):
+    32K affine 2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64); 1K 7.55 → 6.46 and
+    12.78 → 7.77 (per warp). Not timed on a GPU."""
+    return int(bits) != 3 and int(nbytes) <= 16
 
 
 @triton.jit
@@ -101,11 +120,13 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits).
 
     For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
-    ``planes·t … planes·t + planes − 1``; for 3 bits (uint8) the 24-bit word ``t`` holds dims
+    ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
+    byte of an int16 lane, those of ``planes·t …``); for 3 bits (uint8) the 24-bit word ``t`` holds dims
     ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
     (``W = NBYTES / 3`` words): three contiguous loads.
     """
-    W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // 2
+    BYTES: tl.constexpr = _byte_cols(BITS, NBYTES)
+    W: tl.constexpr = NBYTES // 3 if BITS == 3 else (NBYTES if BYTES else NBYTES // 2)
     t = tl.arange(0, PW)
     ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
     if BITS == 3:
@@ -114,6 +135,8 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
         b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
     else:
         b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
+        if BYTES:  # the low bytes of int16 lanes (Triton widens four with two permutes)
+            b0 = b0.to(tl.int16)
         b1 = b0
         b2 = b0
     return b0, b1, b2
@@ -762,9 +785,9 @@ def _decode_split_kernel(
     tl.static_assert(VPW >= 16)
     # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
     # reinterpreting the pointers here spares a tensor view per buffer and call on the host
-    if K_BITS != 3:
+    if K_BITS != 3 and not _byte_cols(K_BITS, K_NBYTES):
         kc_ptr = kc_ptr.to(tl.pointer_type(tl.int16))
-    if V_BITS != 3:
+    if V_BITS != 3 and not _byte_cols(V_BITS, V_NBYTES):
         vc_ptr = vc_ptr.to(tl.pointer_type(tl.int16))
     km_ptr = km_ptr.to(tl.pointer_type(K_META))
     vm_ptr = vm_ptr.to(tl.pointer_type(V_META))
@@ -1518,7 +1541,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         one = _one_warp_programs(k_spec, v_spec, S, G * L) and not (host_bound and num_splits in (None, 1))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1
-    KP, VP = _planes(k_spec.bits), _planes(v_spec.bits)
+    KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
     if min_tile_rows is None:
@@ -1568,8 +1591,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
-    k_word = torch.uint8 if k_spec.bits == 3 else torch.int16
-    v_word = torch.uint8 if v_spec.bits == 3 else torch.int16
+    k_word, v_word = (torch.uint8 if s.bits == 3 or _byte_cols.fn(s.bits, c.shape[-1]) else torch.int16
+                      for s, c in ((k_spec, k_codes), (v_spec, v_codes)))
     final = n_parts == 1  # one split normalises in place
     plan = _Plan()
     plan.out_shape = (B, HQ, L, D)
