@@ -91,8 +91,9 @@ def _planes(bits: int, nbytes: int, turbo: bool) -> int:
     2/4/8-bit rows are read as 16-bit words (``16 / bits`` codes each): the dot operand then has
     the 16-bit layout (k-width 2), which keeps the query's MMA fragments in place; 8-bit
     sources made Triton use k-width 4 and ptxas copied four query registers before every MMA.
-    Rows of fewer than 16 words are read a byte per column instead (:func:`_byte_cols`).
-    3-bit rows are read as 24-bit words from three byte planes (8 codes each).
+    Rows of at most 16 bytes are read a byte per column instead (:func:`_byte_cols`).
+    3-bit rows are read as 24-bit words from three byte planes (8 codes each), or for turbo rows of
+    at most 24 bytes as 12-bit half-words (4 codes each, :func:`_half_words`).
     """
     if bits == 3:
         return 4 if _half_words.fn(bits, nbytes, turbo) else 8
@@ -138,7 +139,8 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
     byte of an int16 lane, those of ``planes·t …``); for 3 bits (uint8) the 24-bit word ``t`` holds dims
     ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
-    (``W = NBYTES / 3`` words): three contiguous loads.
+    (``W = NBYTES / 3`` words): three contiguous loads (with :func:`_half_words` interleaved into one
+    int16 tensor of half-words, column ``2j + h`` holding bits ``12h … 12h + 11`` of word ``j``).
     """
     BYTES: tl.constexpr = _byte_cols(BITS, NBYTES)
     W: tl.constexpr = NBYTES // 3 if BITS == 3 else (NBYTES if BYTES else NBYTES // 2)
@@ -1441,9 +1443,9 @@ def _code_alignment(strides: tuple, word: torch.dtype) -> int:
     bytes; every width at head_dim 80 and 96) had no known alignment, so each row's words were loaded
     one scalar load each, straight into registers, never staged through shared memory by the
     pipeliner. sm_90 SASS of the loop, instructions per key before → after (``benchmarks/decode_sass.py
-    METHOD BITS --head-dim D [--S 1024]``), 32K: head_dim 64 affine 3-bit 42.45 → 22.08, 2-bit 24.69 →
-    14.64, turbo 3-bit 55.70 → 37.70, 2-bit 38.19 → 29.30 (72–200 scalar loads a block → 8); head_dim 96
-    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92; 1K: head_dim 64 affine 3-bit 13.05 → 9.13,
+    METHOD BITS --head-dim D [--S 1024]``), 32K: head_dim 64 affine 3-bit 42.45 → 22.09, 2-bit 24.69 →
+    14.64, turbo 3-bit 55.70 → 37.77, 2-bit 38.19 → 29.30 (72–200 scalar loads a block → 8); head_dim 96
+    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92; 1K: head_dim 64 affine 3-bit 13.05 → 9.20,
     head_dim 80 affine 8-bit 16.32 → 6.98. Not timed on a GPU. 80-dim 3-bit rows keep scalar loads
     (30 bytes: their second byte plane starts 10 bytes in, below cp.async's 4-byte alignment)."""
     if all(x % 16 == 0 for x in strides):
