@@ -7,12 +7,15 @@
     python benchmarks/decode_sass.py affine 2 --head-dim 64
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
-call of this shape would get (B = 8, Hkv = 8, GQA 4, one query position, head_dim 128 unless ``--head-dim``,
-inside a CUDA graph), disassembles it with the ptxas/cuobjdump that ship with Triton, and counts the SASS instructions
-of the main loop (the longest backward branch): per key, and per opcode; and the whole kernel's
-count (the fixed work a short split pays: turbo's rotations, the stores). No GPU is needed; the
-counts are not timings (the design notes pair them with H200 timings where they have them).
-Prints the registers, spill stack and shared memory; writes the row as CSV (``decode_sass.csv``).
+call of this shape would get on a GPU of ``--sms`` multiprocessors (132; B = 8, Hkv = 8, GQA 4, one query
+position, head_dim 128 unless set, inside a CUDA graph), disassembles it with the ptxas/cuobjdump that
+ship with Triton, and counts the SASS instructions of the main loop (the longest backward branch): per
+key, and per opcode; and the whole kernel's count, also per key of one split (``program_per_key``: with
+the fixed work a short split pays, turbo's rotations, the stores; a split of one block has no loop). No
+GPU is needed; the counts are not timings (the design notes pair them with H200 timings where they
+have them). Prints the registers, spill stack and shared memory; writes the row as CSV
+(``decode_sass.csv``). Before the twenty-seventh session the plan was made for 4 multiprocessors (one
+split of a 1K cache where the H200 takes 4 or 8), so its figures at short lengths describe that plan.
 """
 
 import argparse
@@ -35,7 +38,7 @@ from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
-COLUMNS = ["method", "bits", "S", "lookup", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
+COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
            "shared", "instructions", "loop_instructions", "per_key", "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
        torch.int32: "i32"}
@@ -83,7 +86,7 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
                              check=True).stdout
     finally:
         os.unlink(f.name)
-    return sass, res, ck.metadata.shared, plan.split.options, consts
+    return sass, res, ck.metadata.shared, plan.split.options, consts, plan.split.tail
 
 
 def loop_counts(sass: str):
@@ -109,6 +112,10 @@ def main(argv=None):
     p.add_argument("bits", type=int, choices=[2, 3, 4, 8])
     p.add_argument("--S", type=int, default=32768, help="cache length (sets the plan: warps, blocks, row groups)")
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--gqa", type=int, default=4, help="query heads per KV head")
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--sms", type=int, default=132, help="the GPU's multiprocessors, which set the splits (H100/H200: 132)")
     p.add_argument("--num-warps", type=int)
     p.add_argument("--block-n", type=int)
     p.add_argument("--row-groups", type=int)
@@ -123,11 +130,11 @@ def main(argv=None):
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
-    sass, res, shared, options, consts = compile_sass(a.method, a.bits, a.S, D=a.head_dim, num_warps=a.num_warps,
-                                                      block_n=a.block_n, row_groups=a.row_groups,
-                                                      register_lut=a.register_lut,
-                                                      plane_hadamard=a.plane_hadamard, block_sums=a.block_sums,
-                                                      shuffle_lut=a.shuffle_lut)
+    da.CPU_PLAN_MULTIPROCESSORS = a.sms  # the plan for these CPU tensors as a GPU call would get it
+    sass, res, shared, options, consts, tail = compile_sass(
+        a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, num_warps=a.num_warps,
+        block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
+        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
@@ -135,8 +142,11 @@ def main(argv=None):
     n, ops = loop_counts(sass)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))
     block_n = consts["BLOCK_N"]
+    n_parts, split_blocks = tail[1], tail[2]  # the launch's S, n_parts, split_blocks, ...
+    split_keys = min(split_blocks * block_n, a.S)
     lookup = da._lut_kind.fn(consts["K_LUT"]) or ("gather" if a.method == "turbo" else "")
-    row = dict(method=a.method, bits=a.bits, S=a.S, lookup=lookup,
+    row = dict(method=a.method, bits=a.bits, S=a.S, head_dim=a.head_dim, gqa=a.gqa, num_splits=n_parts,
+               program_per_key=round(total / split_keys, 2), lookup=lookup,
                plane_hadamard=consts["K_PLANE_H"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
                stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),

@@ -110,8 +110,8 @@ def _half_words(bits, nbytes, turbo):
     plane's field is masked in place from them (:func:`_half_lanes`), at the bit :func:`_field3_shift`
     gives, so the planes keep their units. sm_90 SASS of the loop, head_dim 64, instructions per key,
     words → half-words: turbo 3-bit 37.77 → 29.77 at 32K (one warp), 16.50 → 10.91 at 1K (per warp);
-    affine 3-bit 22.09 → 21.58 at 32K with 8 bytes of spills and 9.20 → 8.08 at 1K, so affine rows keep
-    their words. Not timed on a GPU."""
+    affine 3-bit 22.09 → 21.58 at 32K with 8 bytes of spills, so affine rows keep their words. Not timed
+    on a GPU."""
     return int(bits) == 3 and int(nbytes) <= 24 and bool(turbo)
 
 
@@ -125,9 +125,8 @@ def _byte_cols(bits, nbytes):
     bits, pad as much either way, and their bytes cost more: 32K affine 2-bit 17.61 against 22.03 per
     key at head_dim 80 in words and bytes.) The bytes widen to 16-bit lanes once per block,
     and every plane reads them as it reads words' low bytes. sm_90 SASS of the loop, head_dim 64,
-    instructions per key, words → bytes (``benchmarks/decode_sass.py METHOD 2 --head-dim 64 [--S 1024]``):
-    32K affine 2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64); 1K 7.55 → 6.46 and
-    12.78 → 7.77 (per warp). Not timed on a GPU."""
+    instructions per key, words → bytes (``benchmarks/decode_sass.py METHOD 2 --head-dim 64``): 32K affine
+    2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64). Not timed on a GPU."""
     return int(bits) != 3 and int(nbytes) <= 16
 
 
@@ -1342,8 +1341,10 @@ def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, vpw: int) -
     against 128 (H200: 197 vs 171 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
     3-bit 74 vs 102. Not where the value planes are 16 columns wide (``vpw``: head_dim 64 at 4 bits): the
     four warps of a short cache's program then each computed the whole 16-row tile (sm_90 SASS, affine
-    4-bit, 1K: 12.08 instructions per key per warp, 128 MMAs and 66 ``exp2`` a block, against 5.16, 48
-    and 9 with 4 rows; at head_dim 128, 5.76 with 16 rows against 6.27 with 4)."""
+    4-bit, a 1K cache's plan, 8 splits of one 128-key block: 15.50 instructions per key of a split against
+    7.62 with 4 rows; at 128 keys per loop block, 128 MMAs and 66 ``exp2`` a block per warp against 48
+    and 9). At head_dim 128 16 rows stay as timed, though in that 1K plan 4 rows count fewer
+    instructions too (8.81 per key of a split against 10.75; not timed)."""
     return 16 if vpw >= 32 and all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
 
 
@@ -1445,8 +1446,7 @@ def _code_alignment(strides: tuple, word: torch.dtype) -> int:
     pipeliner. sm_90 SASS of the loop, instructions per key before → after (``benchmarks/decode_sass.py
     METHOD BITS --head-dim D [--S 1024]``), 32K: head_dim 64 affine 3-bit 42.45 → 22.09, 2-bit 24.69 →
     14.64, turbo 3-bit 55.70 → 37.77, 2-bit 38.19 → 29.30 (72–200 scalar loads a block → 8); head_dim 96
-    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92; 1K: head_dim 64 affine 3-bit 13.05 → 9.20,
-    head_dim 80 affine 8-bit 16.32 → 6.98. Not timed on a GPU. 80-dim 3-bit rows keep scalar loads
+    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92. Not timed on a GPU. 80-dim 3-bit rows keep scalar loads
     (30 bytes: their second byte plane starts 10 bytes in, below cp.async's 4-byte alignment)."""
     if all(x % 16 == 0 for x in strides):
         return 1
@@ -1516,6 +1516,9 @@ def _pow2(n: int) -> int:  # n >= 1
 
 
 _PLANS: "collections.OrderedDict[tuple, _Plan]" = collections.OrderedDict()
+# the SMs a plan for CPU tensors (the interpreter) fills: a few, so that small test shapes split;
+# benchmarks/decode_sass.py sets an H200's 132 to compile the plan a GPU call would get
+CPU_PLAN_MULTIPROCESSORS = 4
 _MAX_PLANS = 256  # one per call shape; a generation uses a handful
 
 
@@ -1632,7 +1635,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if num_splits is None:
         # as many splits as fill one wave of programs_per_sm per SM and no more: a split past it
         # starts a second wave that runs alone
-        sms = _multiprocessors(q.device) if q.is_cuda else 4
+        sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
         num_splits = max(1, min(programs_per_sm * sms // (B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
     split_blocks = _cdiv(_cdiv(max(S, 1), num_splits), block_n)
     # blocks per split: for one-warp programs the loop's bound is an argument, so any cache length
