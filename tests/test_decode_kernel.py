@@ -650,6 +650,16 @@ def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
     assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 4 * groups
 
 
+@pytest.mark.parametrize("bits, groups", [(3, 1), ((4, 3), 1), (4, 2), (2, 2)])
+def test_tiles_of_eight_rows_take_row_groups_but_for_3_bits(bits, groups):
+    # two query positions of GQA 4 (or GQA 5-8): 8-row tiles; with two groups 3-bit planes spilled
+    # (216 bytes, sm_90 SASS) and take one group, the value block sums with it
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), 32768, L=2)
+    assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 8 * groups
+    assert consts["BLOCK_SUMS"] == (groups == 1)
+
+
 @pytest.mark.parametrize("B", [2, 3])  # 16 KV heads fill the wave twice; 24 once, with 8 programs to spare
 @pytest.mark.parametrize("S", [32768, 32800, 16400, 4100])
 def test_one_warp_splits_fill_one_wave_at_any_length(S, B):

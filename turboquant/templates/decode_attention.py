@@ -1382,8 +1382,15 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     77.7 → 72.5, 3-bit 102.7 → 100.2; 16K 49.2 → 47.9, 43.6 → 41.8, 55.6 → 56.1; at 4K (256 keys per
     split) every width ran 2–3% slower (the merge is a larger share of a short split). Not for
     8-bit (142.5 against 143.0 at 32K: it is near the memory already) nor turbo (its gathers spill
-    more: turbo 2-bit 269.6 → 316.8 at 32K). Sub-blocks stay at least 16 keys (an MMA's k-step)."""
+    more: turbo 2-bit 269.6 → 316.8 at 32K). Sub-blocks stay at least 16 keys (an MMA's k-step).
+    Nor 3-bit tiles of 8 rows (GQA 5–8, or 4 with two query positions): with their two groups ptxas
+    spilled 216 bytes and the loop took 40.64 warp instructions per key; with one (and the value
+    block sums that then apply, :func:`_block_sums`) 25.97 and 16 bytes (sm_90 SASS, B=8, Hkv=4, GQA
+    8, D=128, 32K, ``benchmarks/decode_sass.py affine 3 --gqa 8 --kv-heads 4``; GQA 4's 4-row tiles:
+    21.73, no spill). Not timed on a GPU."""
     if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < LONG_SPLIT_KEYS:
+        return 1
+    if 3 in (k_spec.bits, v_spec.bits) and rows > 4:
         return 1
     return min(16 // rows, block_n // 16)  # one-warp tiles: rows ≤ 16, block_n ≥ 16
 
