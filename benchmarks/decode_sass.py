@@ -5,6 +5,7 @@
     python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
     python benchmarks/decode_sass.py turbo 4 --S 1024 --no-plane-hadamard   # rotation read as a matrix
     python benchmarks/decode_sass.py affine 2 --head-dim 64
+    python benchmarks/decode_sass.py affine 3 --gqa 8 --kv-heads 4 --query-len 2
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
 call of this shape would get on a GPU of ``--sms`` multiprocessors (132; B = 8, Hkv = 8, GQA 4, one query
@@ -48,11 +49,11 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, **tuning):
+def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, **tuning):
     """SASS text and resource line of the split kernel a call of this shape would launch."""
     cfg = KVQuantConfig(method=method, bits=bits)
     small = quantize_kv(torch.randn(1, 1, 4, D), cfg)
-    q = torch.zeros(B, HKV * G, 1, D, dtype=torch.bfloat16)
+    q = torch.zeros(B, HKV * G, L, D, dtype=torch.bfloat16)
     codes = torch.zeros(B, HKV, S, small.codes.shape[-1], dtype=small.codes.dtype)
     meta = small.meta.flatten(-2) if method == "affine" else small.meta
     meta = torch.zeros(B, HKV, S, meta.shape[-1], dtype=meta.dtype)
@@ -114,6 +115,7 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--gqa", type=int, default=4, help="query heads per KV head")
     p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--query-len", type=int, default=1, help="query positions (speculative decoding: up to 8)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--sms", type=int, default=132, help="the GPU's multiprocessors, which set the splits (H100/H200: 132)")
     p.add_argument("--num-warps", type=int)
@@ -132,7 +134,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     da.CPU_PLAN_MULTIPROCESSORS = a.sms  # the plan for these CPU tensors as a GPU call would get it
     sass, res, shared, options, consts, tail = compile_sass(
-        a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, num_warps=a.num_warps,
+        a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut)
     if a.dump:
