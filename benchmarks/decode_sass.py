@@ -39,8 +39,9 @@ from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
-COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard", "num_warps", "block_n", "registers", "stack",
-           "shared", "instructions", "loop_instructions", "per_key", "opcodes"]
+COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard",
+           "num_warps", "block_n", "registers", "stack", "shared", "instructions", "loop_instructions", "per_key",
+           "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
        torch.int32: "i32"}
 
@@ -117,7 +118,8 @@ def main(argv=None):
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--query-len", type=int, default=1, help="query positions (speculative decoding: up to 8)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--sms", type=int, default=132, help="the GPU's multiprocessors, which set the splits (H100/H200: 132)")
+    p.add_argument("--sms", type=int, default=132,
+                   help="the GPU's multiprocessors, which set the splits (H100/H200: 132)")
     p.add_argument("--num-warps", type=int)
     p.add_argument("--block-n", type=int)
     p.add_argument("--row-groups", type=int)
