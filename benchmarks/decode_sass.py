@@ -50,16 +50,21 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, **tuning):
-    """SASS text and resource line of the split kernel a call of this shape would launch."""
+def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning):
+    """SASS text and resource line of the split kernel a call of this shape would launch on a GPU of
+    ``sms`` multiprocessors."""
     cfg = KVQuantConfig(method=method, bits=bits)
     small = quantize_kv(torch.randn(1, 1, 4, D), cfg)
     q = torch.zeros(B, HKV * G, L, D, dtype=torch.bfloat16)
     codes = torch.zeros(B, HKV, S, small.codes.shape[-1], dtype=small.codes.dtype)
     meta = small.meta.flatten(-2) if method == "affine" else small.meta
     meta = torch.zeros(B, HKV, S, meta.shape[-1], dtype=meta.dtype)
-    plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
-                         da._tuning(use_asm=True, **tuning), True)
+    cpu_sms, da.CPU_PLAN_MULTIPROCESSORS = da.CPU_PLAN_MULTIPROCESSORS, sms  # the GPU's geometry, not the tests'
+    try:
+        plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
+                             da._tuning(use_asm=True, **tuning), True)
+    finally:
+        da.CPU_PLAN_MULTIPROCESSORS = cpu_sms
     names = da._decode_split_kernel.arg_names
     tables = [q if t is None else t for t in plan.tables]  # the centroid and rotation tables' dtypes shape the code
     args = [q, codes, meta, codes, meta] + tables + [q] * 4 + list(plan.split.tail)
@@ -134,9 +139,9 @@ def main(argv=None):
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
-    da.CPU_PLAN_MULTIPROCESSORS = a.sms  # the plan for these CPU tensors as a GPU call would get it
     sass, res, shared, options, consts, tail = compile_sass(
-        a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, num_warps=a.num_warps,
+        a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
+        num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut)
     if a.dump:

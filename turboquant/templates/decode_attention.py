@@ -179,6 +179,8 @@ def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
         # gather indices stay int16, two per register. The mask drops int16 sign bits.
         w = b0.to(tl.int32) if BITS == 8 else b0
         c = (w >> (BITS * S)) & ((1 << BITS) - 1)
+    elif b0.dtype == tl.int16:  # half-word lanes (_half_words): four fields at 3S
+        c = (b0 >> (3 * S)) & 7
     else:
         # int16 words (int32 ones: 73.2 instructions per key against 69.2, sm_90 SASS); turbo gathers
         # in a layout of its own, where _field3_lanes' byte-packed permutes cost more (82.9)
@@ -286,12 +288,15 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
     byte of the plane that holds the field's low bits, with the next byte plane above it, masked to
     the field; a field inside one byte needs no high byte (planes 2 and 5 straddle two). Four codes
     cost an AND and two permutes (two permutes and two ANDs for a straddling plane) on byte-packed
-    registers, where Triton's unpacking of each byte took three instructions per two codes."""
+    registers, where Triton's unpacking of each byte took three instructions per two codes. Half-word
+    lanes (int16 ``b0``, :func:`_half_words`) are masked by :func:`_half_lanes`."""
     SHIFT: tl.constexpr = _field3_shift(S)
     MASK: tl.constexpr = 7 << SHIFT
     STRADDLES: tl.constexpr = SHIFT > 5
     lo, hi = _field3_bytes(b0, b1, b2, S)
-    if USE_ASM:
+    if b0.dtype == tl.int16:  # half-word lanes (_half_words)
+        lanes = _half_lanes(b0, S, USE_ASM)
+    elif USE_ASM:
         if STRADDLES:
             ASM2: tl.constexpr = _pair3_asm(MASK)
             lanes = tl.inline_asm_elementwise(ASM2, "=r,=r,r,r", [lo, hi], dtype=tl.int16, is_pure=True, pack=4)
@@ -312,22 +317,12 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm` or :func:`_register_lut_asm`;
     else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
-    if BITS == 3 and b0.dtype == tl.int16:  # half-words (_half_words): the field in place, masked
-        lanes = _half_lanes(b0, S, USE_ASM)
-        if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
-            SHFL3: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S, True)
-            vals = tl.inline_asm_elementwise(SHFL3, "=r,r", [lanes], dtype=tl.float16, is_pure=True, pack=2)
-        elif TURBO and USE_ASM and LUT != "":
-            ASM3: tl.constexpr = _register_lut_asm(BITS, LUT, S)
-            vals = tl.inline_asm_elementwise(ASM3, "=r,r", [lanes], dtype=tl.float16, is_pure=True, pack=2)
-        elif TURBO:
-            vals = _lookup(lut_ptr, lanes >> _field3_shift(S), BITS)
-        else:
-            vals = lanes.to(tl.float16, bitcast=True)
-    elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
-        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
-        if BITS != 3:
-            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+    HALF: tl.constexpr = BITS == 3 and b0.dtype == tl.int16  # half-word lanes (_half_words)
+    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
+        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S, HALF)
+        if BITS != 3 or HALF:
+            src = _field3_lanes(b0, b1, b2, S, USE_ASM) if HALF else b0
+            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
         elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
             lo, hi = _field3_bytes(b0, b1, b2, S)
             vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
@@ -912,14 +907,8 @@ def _decode_split_kernel(
     start = split * (split_blocks * BLOCK_N)
     km_base = km_ptr + b * stride_kmb + h * stride_kmh
     vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
-    if K_ALIGN > 1:  # the code strides as the multiples of K_ALIGN words they are (_code_alignment)
-        stride_kcb = (stride_kcb // K_ALIGN) * K_ALIGN
-        stride_kch = (stride_kch // K_ALIGN) * K_ALIGN
-        stride_kcs = (stride_kcs // K_ALIGN) * K_ALIGN
-    if V_ALIGN > 1:
-        stride_vcb = (stride_vcb // V_ALIGN) * V_ALIGN
-        stride_vch = (stride_vch // V_ALIGN) * V_ALIGN
-        stride_vcs = (stride_vcs // V_ALIGN) * V_ALIGN
+    stride_kcb, stride_kch, stride_kcs = _aligned(stride_kcb, stride_kch, stride_kcs, K_ALIGN)
+    stride_vcb, stride_vch, stride_vcs = _aligned(stride_vcb, stride_vch, stride_vcs, V_ALIGN)
     kc_base = kc_ptr + b * stride_kcb + h * stride_kch
     vc_base = vc_ptr + b * stride_vcb + h * stride_vch
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
@@ -1076,6 +1065,17 @@ def _decode_split_kernel(
             _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
             _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
             _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
+
+
+@triton.jit
+def _aligned(sb, sh, ss, ALIGN: tl.constexpr):
+    """Code strides as the multiples of ``ALIGN`` words they are (:func:`_code_alignment`): an identity
+    the compiler reads, where the JIT marks only multiples of 16."""
+    if ALIGN > 1:
+        sb = (sb // ALIGN) * ALIGN
+        sh = (sh // ALIGN) * ALIGN
+        ss = (ss // ALIGN) * ALIGN
+    return sb, sh, ss
 
 
 @triton.jit
@@ -1680,8 +1680,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     # an absent table's pointer: never read; 0 has every alignment the kernel may assume
     plan.table_pointers = tuple(0 if t is None else t.data_ptr() for t in plan.tables)
     mask_strides = (0, 0, 0, 0) if attn_mask is None else attn_mask.expand(B, HQ, L, S).stride()
-    strides = (*q.stride()[:3], *strides_as(k_codes, k_word), *strides_as(k_meta, k_meta_t),
-               *strides_as(v_codes, v_word), *strides_as(v_meta, v_meta_t), *mask_strides)
+    kc_strides, vc_strides = strides_as(k_codes, k_word), strides_as(v_codes, v_word)
+    strides = (*q.stride()[:3], *kc_strides, *strides_as(k_meta, k_meta_t), *vc_strides,
+               *strides_as(v_meta, v_meta_t), *mask_strides)
     consts = dict(
         HKV=HKV, G=G, L=L, M=M * row_groups, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
@@ -1700,8 +1701,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
         K_LUT=luts[0], V_LUT=luts[1],
-        K_ALIGN=_code_alignment(strides_as(k_codes, k_word)[:3], k_word),
-        V_ALIGN=_code_alignment(strides_as(v_codes, v_word)[:3], v_word))
+        K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
