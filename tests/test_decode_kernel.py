@@ -244,7 +244,7 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
 
     words, table = _turbo_lut("prmt", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits, D * bits // 8, False)):
+    for s in range(da._planes(bits, D * bits // 8)):
         asm = da._register_lut_asm.fn(bits, words, s)
         for _ in range(100):
             w = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
@@ -268,7 +268,7 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
 
     lut, table = _turbo_lut("shfl", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits, D * bits // 8, False)):
+    for s in range(da._planes(bits, D * bits // 8)):
         asm = da._shuffle_lut_asm.fn(bits, lut, s)
         for _ in range(20):
             if bits == 3:  # byte planes: lane l's word k is b0[l][k] | b1[l][k] << 8 | b2[l][k] << 16
@@ -286,27 +286,6 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
                 got = [[o & 0xFFFF, o >> 16] for o in out]
                 codes = [[(x >> (bits * s)) & ((1 << bits) - 1) for x in pair] for pair in w]
             assert got == [[table[c] for c in lane] for lane in codes], s
-
-
-@pytest.mark.parametrize("D", [64, 32])
-def test_half_word_lanes_and_their_shuffle_lookups(D):
-    """3-bit turbo rows of head_dim 64 and less, read in 12-bit half-words (GPU PTX, run in a 32-lane
-    emulator): plane ``s``'s lanes hold the field ``(w >> 3s) & 7`` at bit ``_field3_shift(s)`` and
-    nothing else, and their shuffle lookups give that code's fp16 centroid."""
-    from turboquant.templates import decode_attention as da
-
-    assert da._planes(3, D * 3 // 8, True) == 4 and da._planes(3, D * 3 // 8, False) == 8
-    lut, table = _turbo_lut("shfl", 3, D)
-    gen = torch.Generator().manual_seed(D)
-    for s in range(4):
-        shift = da._field3_shift.fn(s)
-        for _ in range(10):
-            w = torch.randint(0, 1 << 12, (32, 2), generator=gen).tolist()
-            lanes = _run_ptx(da._half_lanes_asm.fn(s), [[a | b << 16 for a, b in w]], first_input=1, lanes=32)[0]
-            codes = [[(x >> (3 * s)) & 7 for x in pair] for pair in w]
-            assert [[x & 0xFFFF, x >> 16] for x in lanes] == [[c << shift for c in pair] for pair in codes], s
-            out = _run_ptx(da._shuffle_lut_asm.fn(3, lut, s, True), [lanes], first_input=1, lanes=32)[0]
-            assert [[o & 0xFFFF, o >> 16] for o in out] == [[table[c] for c in pair] for pair in codes], s
 
 
 def test_lookup_defaults_where_they_were_faster():

@@ -85,34 +85,18 @@ LONG_CACHE_KEYS = 2048
 LONG_SPLIT_KEYS = 1024
 
 
-def _planes(bits: int, nbytes: int, turbo: bool) -> int:
+def _planes(bits: int, nbytes: int) -> int:
     """Planes a packed row of ``nbytes`` splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
 
     2/4/8-bit rows are read as 16-bit words (``16 / bits`` codes each): the dot operand then has
     the 16-bit layout (k-width 2), which keeps the query's MMA fragments in place; 8-bit
     sources made Triton use k-width 4 and ptxas copied four query registers before every MMA.
     Rows of at most 16 bytes are read a byte per column instead (:func:`_byte_cols`).
-    3-bit rows are read as 24-bit words from three byte planes (8 codes each), or for turbo rows of
-    at most 24 bytes as 12-bit half-words (4 codes each, :func:`_half_words`).
+    3-bit rows are read as 24-bit words from three byte planes (8 codes each).
     """
     if bits == 3:
-        return 4 if _half_words.fn(bits, nbytes, turbo) else 8
+        return 8
     return 8 // bits if _byte_cols.fn(bits, nbytes) else 16 // bits
-
-
-@triton.constexpr_function
-def _half_words(bits, nbytes, turbo):
-    """Whether a 3-bit turbo row is read in 12-bit half-words, four planes (one column per half of a
-    24-bit word: dims ``4t … 4t + 3``), not eight planes of whole words: rows of at most 24 bytes
-    (head_dim 64). Eight planes of 8 words would be padded to an MMA's 16-deep step, as many MMAs and
-    lookups per key as head_dim 128's. Each block's byte planes are interleaved into the half-words
-    once (:func:`_load_row_bytes`; Triton moves the joined tiles through shared memory), and each
-    plane's field is masked in place from them (:func:`_half_lanes`), at the bit :func:`_field3_shift`
-    gives, so the planes keep their units. sm_90 SASS of the loop, head_dim 64, instructions per key,
-    words → half-words: turbo 3-bit 37.77 → 29.77 at 32K (one warp), 16.50 → 10.91 at 1K (per warp);
-    affine 3-bit 22.09 → 21.58 at 32K with 8 bytes of spills, so affine rows keep their words. Not timed
-    on a GPU."""
-    return int(bits) == 3 and int(nbytes) <= 24 and bool(turbo)
 
 
 @triton.constexpr_function
@@ -131,33 +115,20 @@ def _byte_cols(bits, nbytes):
 
 
 @triton.jit
-def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr, TURBO: tl.constexpr):
+def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr):
     """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits).
 
     For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
     ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
     byte of an int16 lane, those of ``planes·t …``); for 3 bits (uint8) the 24-bit word ``t`` holds dims
     ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
-    (``W = NBYTES / 3`` words): three contiguous loads (with :func:`_half_words` interleaved into one
-    int16 tensor of half-words, column ``2j + h`` holding bits ``12h … 12h + 11`` of word ``j``).
+    (``W = NBYTES / 3`` words): three contiguous loads.
     """
     BYTES: tl.constexpr = _byte_cols(BITS, NBYTES)
     W: tl.constexpr = NBYTES // 3 if BITS == 3 else (NBYTES if BYTES else NBYTES // 2)
     t = tl.arange(0, PW)
     ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
-    if _half_words(BITS, NBYTES, TURBO):
-        # int16 lanes of 12 bits: column 2j is bits 0-11 of word j, column 2j + 1 its bits 12-23
-        j = tl.arange(0, PW // 2)
-        okj = n_ok[:, None] & (j[None, :] < W)
-        c0 = tl.load(row_ptr + j[None, :], mask=okj, other=0)
-        c1 = tl.load(row_ptr + W + j[None, :], mask=okj, other=0)
-        c2 = tl.load(row_ptr + 2 * W + j[None, :], mask=okj, other=0)
-        lo = tl.reshape(tl.join(c0, c1), [c0.shape[0], PW]).to(tl.int32)
-        hi = tl.reshape(tl.join(c1, c2), [c0.shape[0], PW]).to(tl.int32)
-        b0 = ((lo | (hi << 8)) >> (4 * (t % 2))[None, :]).to(tl.int16)
-        b1 = b0
-        b2 = b0
-    elif BITS == 3:
+    if BITS == 3:
         b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
         b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
         b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
@@ -179,8 +150,6 @@ def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
         # gather indices stay int16, two per register. The mask drops int16 sign bits.
         w = b0.to(tl.int32) if BITS == 8 else b0
         c = (w >> (BITS * S)) & ((1 << BITS) - 1)
-    elif b0.dtype == tl.int16:  # half-word lanes (_half_words): four fields at 3S
-        c = (b0 >> (3 * S)) & 7
     else:
         # int16 words (int32 ones: 73.2 instructions per key against 69.2, sm_90 SASS); turbo gathers
         # in a layout of its own, where _field3_lanes' byte-packed permutes cost more (82.9)
@@ -288,15 +257,12 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
     byte of the plane that holds the field's low bits, with the next byte plane above it, masked to
     the field; a field inside one byte needs no high byte (planes 2 and 5 straddle two). Four codes
     cost an AND and two permutes (two permutes and two ANDs for a straddling plane) on byte-packed
-    registers, where Triton's unpacking of each byte took three instructions per two codes. Half-word
-    lanes (int16 ``b0``, :func:`_half_words`) are masked by :func:`_half_lanes`."""
+    registers, where Triton's unpacking of each byte took three instructions per two codes."""
     SHIFT: tl.constexpr = _field3_shift(S)
     MASK: tl.constexpr = 7 << SHIFT
     STRADDLES: tl.constexpr = SHIFT > 5
     lo, hi = _field3_bytes(b0, b1, b2, S)
-    if b0.dtype == tl.int16:  # half-word lanes (_half_words)
-        lanes = _half_lanes(b0, S, USE_ASM)
-    elif USE_ASM:
+    if USE_ASM:
         if STRADDLES:
             ASM2: tl.constexpr = _pair3_asm(MASK)
             lanes = tl.inline_asm_elementwise(ASM2, "=r,=r,r,r", [lo, hi], dtype=tl.int16, is_pure=True, pack=4)
@@ -317,12 +283,10 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm` or :func:`_register_lut_asm`;
     else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
-    HALF: tl.constexpr = BITS == 3 and b0.dtype == tl.int16  # half-word lanes (_half_words)
     if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
-        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S, HALF)
-        if BITS != 3 or HALF:
-            src = _field3_lanes(b0, b1, b2, S, USE_ASM) if HALF else b0
-            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
+        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+        if BITS != 3:
+            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
         elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
             lo, hi = _field3_bytes(b0, b1, b2, S)
             vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
@@ -343,31 +307,6 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 
 
 @triton.constexpr_function
-def _half_lanes_asm(s):
-    """:func:`_half_lanes`' PTX for two lanes (``$1``)."""
-    mask = 7 << _field3_shift(s)
-    if int(s) == 3:
-        return "{ .reg .b32 t; shr.b32 t, $1, 8; and.b32 $0, t, " + f"{mask * 0x10001:#010x}" + "; }"
-    return _field_asm(mask)
-
-
-@triton.jit
-def _half_lanes(w, S: tl.constexpr, USE_ASM: tl.constexpr):
-    """Plane ``S``'s 3-bit field of 12-bit half-word lanes (:func:`_half_words`) in place at bit
-    ``_field3_shift(S)``, the rest zero: an AND per two lanes (planes 0–2, fields at bits 0, 3, 6), or
-    a shift and an AND (plane 3: bits 9–11, past fp16's subnormals, moved to bit 1)."""
-    MASK: tl.constexpr = 7 << _field3_shift(S)
-    if USE_ASM:
-        ASM: tl.constexpr = _half_lanes_asm(S)
-        lanes = tl.inline_asm_elementwise(ASM, "=r,r", [w], dtype=tl.int16, is_pure=True, pack=2)
-    elif S == 3:
-        lanes = (w >> 8) & MASK
-    else:
-        lanes = w & MASK
-    return lanes
-
-
-@triton.constexpr_function
 def _lut_kind(lut):
     """How a turbo spec's codes become centroids in the kernel: ``LUT`` is ``""`` (:func:`_lookup`'s
     gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`) or ``"shfl:…"`` (warp shuffles,
@@ -381,7 +320,7 @@ def _lut_words(lut):
 
 
 @triton.constexpr_function
-def _shuffle_lut_asm(bits, lut, s, lanes=False):
+def _shuffle_lut_asm(bits, lut, s):
     """PTX for turbo codes to their fp16 centroids by warp shuffles: lane ``l`` holds entry
     ``l mod 2^bits`` of the table (``T``, made from the table words by :func:`_register_lut_asm`'s
     permutes on the lane's number: loop-invariant, ptxas hoists it), and a code's centroid is ``T`` of
@@ -395,15 +334,14 @@ def _shuffle_lut_asm(bits, lut, s, lanes=False):
     2/4-bit (pack 2): ``$1`` two int16 row words, plane ``s``'s field at bit ``bits · s`` of each;
     ``$0`` their two centroids. 3-bit (pack 4): ``$2`` four bytes of the byte plane that holds plane
     ``s``'s low bits, the field at bit ``3s mod 8``; where it straddles into the next byte plane,
-    ``$3`` that plane's four bytes; ``$0``, ``$1`` the four centroids. 3-bit ``lanes`` (pack 2): ``$1``
-    two int16 lanes of :func:`_half_lanes`, the field at bit ``3s mod 8``."""
+    ``$3`` that plane's four bytes; ``$0``, ``$1`` the four centroids."""
     bits, s = int(bits), int(s)
     lane_code = f"mov.u32 v, %laneid; and.b32 v, v, {(1 << bits) - 1}; "
     table = _register_lut_asm(bits, lut, 0, lane_code).replace("$0", "T")
     head = table[: table.rindex("}")].replace("{ .reg .b32 ", "{ .reg .b32 T, i, r0, r1, r2, r3, ", 1)
     shfl = "shfl.sync.idx.b32 r{0}, T, i, 0x1f, 0xffffffff; "
-    if bits != 3 or lanes:
-        shift = _field3_shift(s) if bits == 3 else bits * s
+    if bits != 3:
+        shift = bits * s
         lo = f"shr.b32 i, $1, {shift}; " if shift else "mov.b32 i, $1; "
         return (head + lo + shfl.format(0) + f"shr.b32 i, $1, {16 + shift}; " + shfl.format(1)
                 + "prmt.b32 $0, r0, r1, 0x5410; }")
@@ -1127,7 +1065,7 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
               USE_ASM: tl.constexpr, LUT: tl.constexpr):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
     n = first + tl.arange(0, N)
-    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW, TURBO)
+    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
     dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT)))
     if KP > 1:
         dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
@@ -1181,7 +1119,7 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
     (:func:`_plus_dot`)."""
     n = first + tl.arange(0, N)
-    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW, TURBO)
+    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
     a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
     if VP > 1:
         a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
@@ -1618,7 +1556,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         one = _one_warp_programs(k_spec, v_spec, S, G * L) and not (host_bound and num_splits in (None, 1))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1
-    KP, VP = (_planes(s.bits, c.shape[-1], s.method == "turbo") for s, c in ((k_spec, k_codes), (v_spec, v_codes)))
+    KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
     if min_tile_rows is None:
