@@ -60,6 +60,16 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is o
 # field's place value (``_field_unit``) is folded into the query (keys) or the output (values).
 MAX_TILE_ROWS = 32  # query rows per program; 64 would make Triton pick wgmma, which faults here (H200, Triton 3.6)
 
+# Query rows a tile holds at least (the MMA pads to 16 either way; a tile of GQA × query positions
+# rows takes more). More rows than the query has cost softmax work on padding. Affine 4-bit took 16
+# in four-warp programs (from sm_90 SASS of a four-warp loop at 32K, 24.1 against 25.4 instructions
+# per key, before long caches ran one-warp programs): H200, B=8, Hq=32, Hkv=8, D=128, 1K, CUDA graph
+# µs, 16 → 4 rows (2026-12-05, ``benchmarks/results/session28_gpu/``): 9.52 → 7.88; at head_dim 64 the
+# four warps each computed the whole 16-row tile (sm_90 SASS, 15.50 → 7.62 instructions per key of
+# a split). Four-warp programs now run caches under ``LONG_CACHE_KEYS`` and host-bound single-split
+# calls.
+MIN_TILE_ROWS = 4
+
 # Batch × KV heads × keys at most for which a call outside a CUDA graph runs one split (no merge
 # launch, no partials): at batch 1 a decode step is bound by the host launching kernels (H200,
 # 16-layer 1B model at 1 × 1K: ~0.6 ms of host time per layer against ~10 µs of attention on
@@ -1271,21 +1281,6 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     po.copy_(p @ vr)
 
 
-def _min_tile_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, vpw: int) -> int:
-    """Rows a tile holds at least (MMA pads to 16 either way). Fewer rows than 16 make ptxas copy
-    the broadcast query fragments before every MMA, more rows cost softmax work on padding; from
-    sm_90 SASS of the loop (warp instructions per key, B=8 Hq=32 Hkv=8 D=128): affine 4-bit 24.1
-    at 16 rows vs 25.4 at 4 (128 registers both); affine 8-bit 24.2 vs 25.4 but 144 registers
-    against 128 (H200: 197 vs 171 µs at 32K); affine 2-bit 28 at 4 rows, spills at 16; affine
-    3-bit 74 vs 102. Not where the value planes are 16 columns wide (``vpw``: head_dim 64 at 4 bits): the
-    four warps of a short cache's program then each computed the whole 16-row tile (sm_90 SASS, affine
-    4-bit, a 1K cache's plan, 8 splits of one 128-key block: 15.50 instructions per key of a split against
-    7.62 with 4 rows; at 128 keys per loop block, 128 MMAs and 66 ``exp2`` a block per warp against 48
-    and 9). At head_dim 128 16 rows stay as timed, though in that 1K plan 4 rows count fewer
-    instructions too (8.81 per key of a split against 10.75; not timed)."""
-    return 16 if vpw >= 32 and all(s.method == "affine" and s.bits == 4 for s in (k_spec, v_spec)) else 4
-
-
 def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
     """Whether a long cache's programs are one warp each (64 keys per block, 32 for 8-bit rows, 3
     stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
@@ -1560,7 +1555,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     KPW = max(16, _pow2(_cdiv(D, KP)))
     VPW = max(16, _pow2(_cdiv(D, VP)))
     if min_tile_rows is None:
-        min_tile_rows = 4 if one_warp else _min_tile_rows(k_spec, v_spec, VPW)
+        min_tile_rows = MIN_TILE_ROWS
     M = min(MAX_TILE_ROWS, max(min_tile_rows, _pow2(G * L)))
     short_affine3 = S <= SHORT_AFFINE3_KEYS and all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
     if block_n is None and one_warp:
