@@ -136,8 +136,6 @@ def main(argv=None):
                    help="value dots summed per block by fp32 adds (default: the plan's)")
     p.add_argument("--shuffle-lut", action=argparse.BooleanOptionalAction, default=None,
                    help="turbo centroids by warp shuffles from a per-lane table register (default: the plan's)")
-    p.add_argument("--pdl", action="store_true",
-                   help="the merge as a programmatic dependent launch (the split kernel lets it start: PREEXIT)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
@@ -145,7 +143,7 @@ def main(argv=None):
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
-        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, pdl=a.pdl)
+        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

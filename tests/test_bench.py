@@ -209,16 +209,6 @@ def test_decode_kernel_at_head_dim_64_compiled_for_sm90(tmp_path):
     assert row["num_warps"] == "4" and row["num_splits"] == "8" and float(row["program_per_key"]) < 10, row
 
 
-def test_split_kernel_lets_a_dependent_merge_launch_on_sm90(tmp_path):
-    """``pdl``: the split kernel compiled for sm_90 signals the merge kernel's programmatic dependent
-    launch (``griddepcontrol.launch_dependents``, SASS ``PREEXIT``) at its start; without it, no signal."""
-    pytest.importorskip("triton")
-    for pdl in (False, True):
-        dump = tmp_path / f"split_{pdl}.sass"
-        _sass_row(tmp_path, "affine", "4", "--S", "1024", "--dump", str(dump), *(["--pdl"] if pdl else []))
-        assert ("PREEXIT" in dump.read_text()) == pdl
-
-
 def test_compile_codegen_benchmark_smoke(tmp_path):
     """``benchmarks/compile_codegen.py`` on one layer (CPU): a row per setting from a child process,
     the quantized model's schedule with no fewer Triton kernels than bf16's, and the CSV."""

@@ -521,34 +521,6 @@ def test_full_size_on_gpu(method, S):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["affine", "turbo"])
-@pytest.mark.parametrize("S", [1024, 4097])
-def test_merge_as_a_dependent_launch_on_gpu(method, S):
-    # pdl: the merge kernel starts while the split kernel runs and waits at griddepcontrol.wait; its
-    # output is the plain launch's, bit for bit, eager and replayed from a CUDA graph
-    args = dict(B=8, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16, block_n=None)
-    plain, ref = _case(method, 4, 4, **args)
-    pdl, _ = _case(method, 4, 4, pdl=True, **args)
-    assert torch.equal(pdl, plain) and _rel(pdl, ref) < TOL
-    cfg = KVQuantConfig(method=method, bits=4)
-    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-    kq = quantize_kv(torch.randn(8, 8, S, 128, device="cuda"), cfg)
-    vq = quantize_kv(torch.randn(8, 8, S, 128, device="cuda"), cfg, role="v")
-    meta = (lambda t: t.flatten(-2)) if method == "affine" else (lambda t: t)  # noqa: E731
-    call = lambda **kw: decode_attention(q, kq.codes, meta(kq.meta), vq.codes, meta(vq.meta), kq.spec, vq.spec,  # noqa: E731
-                                         128, **kw)
-    eager = call()
-    call(pdl=True)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(pdl=True)
-    q.normal_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert not torch.equal(out, eager) and torch.equal(out, call())
-
-
-@pytest.mark.gpu
 def test_op_dispatches_to_the_kernel_on_cuda():
     from turboquant.cache import QuantizedCacheTensor
 

@@ -41,7 +41,6 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import compat
 from ..config import TensorQuantSpec
@@ -786,7 +785,6 @@ def _decode_split_kernel(
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
     ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -804,8 +802,6 @@ def _decode_split_kernel(
     vm_ptr = vm_ptr.to(tl.pointer_type(V_META))
     if MASK_BOOL:
         mask_ptr = mask_ptr.to(tl.pointer_type(tl.uint8))
-    if PDL:  # the merge kernel may launch now; it waits for this grid's end (gdc_wait) before reading
-        gdc_launch_dependents()
     po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0) * (G * L), n_parts, VP * VPW)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -1206,17 +1202,18 @@ def _workspace(ws_ptr, n_rows, n_parts, PO_W: tl.constexpr):
 
 @triton.jit
 def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_SPLITS: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_SPLITS: tl.constexpr):
     """One output row from its splits' (max in log2 units, normaliser, unnormalised output in the
     model's dims).
 
     A kernel of its own, one program per row: merged by the split kernel's last program instead
     (one launch), 32K affine 4-bit ran 152 µs against 117 (its registers crossed 128, one program
-    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01). With ``PDL`` it is a
-    programmatic dependent launch (:func:`_make_plan`'s ``pdl``): its programs start while the split
-    kernel's run and wait here for that grid's end and its writes."""
-    if PDL:
-        gdc_wait()
+    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01). Nor as a programmatic
+    dependent launch (the split kernel signalling at its start, the merge waiting at
+    ``griddepcontrol.wait``): H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, plain → dependent
+    (2026-12-05, ``benchmarks/results/session28_gpu/decode_variants_pdl_*.csv``): 1K affine 8 / 4 / 3 /
+    2-bit 8.65 → 13.20, 7.88 → 7.68, 10.03 → 10.05, 8.69 → 8.61, turbo 23.58 → 25.22, 11.68 → 13.04,
+    17.19 → 17.36, 12.59 → 14.37; 32K affine 4 / 3-bit 81.9 → 82.4, 96.6 → 98.3."""
     po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
@@ -1533,7 +1530,7 @@ class _Plan:
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None, block_sums=None, shuffle_lut=None, pdl=None)
+                        plane_hadamard=None, block_sums=None, shuffle_lut=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1547,7 +1544,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, pdl) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1612,10 +1609,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     k_word, v_word = (torch.uint8 if s.bits == 3 or _byte_cols.fn(s.bits, c.shape[-1]) else torch.int16
                       for s, c in ((k_spec, k_codes), (v_spec, v_codes)))
     final = n_parts == 1  # one split normalises in place
-    use_asm = _use_asm(q) if use_asm is None else bool(use_asm)
-    # the merge as a programmatic dependent launch: compiled code (not the interpreter) for sm_90 and
-    # later (CPU tensors with use_asm: benchmarks/decode_sass.py compiling for the H200)
-    pdl_on = bool(pdl) and not final and use_asm and (not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] >= 9)
     plan = _Plan()
     plan.out_shape = (B, HQ, L, D)
     plan.out_stride = (HQ * L * D, L * D, D, 1)
@@ -1632,7 +1625,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         HKV=HKV, G=G, L=L, M=M * row_groups, D=D, DQ=max(16, _pow2(D)), BLOCK_N=block_n,
         K_BITS=k_spec.bits, V_BITS=v_spec.bits, K_TURBO=k_turbo, V_TURBO=v_turbo,
         K_NBYTES=k_codes.shape[-1], V_NBYTES=v_codes.shape[-1], KP=KP, VP=VP, KPW=KPW, VPW=VPW,
-        USE_ASM=use_asm, FINAL=final,
+        USE_ASM=_use_asm(q) if use_asm is None else use_asm, FINAL=final,
         HAS_MASK=attn_mask is not None, MASK_BOOL=attn_mask is not None and attn_mask.dtype == torch.bool,
         IS_CAUSAL=bool(is_causal), SOFTCAP=bool(softcap), RING_W=ring_w, K_META=TL_DTYPES[k_meta_t],
         V_META=TL_DTYPES[v_meta_t],
@@ -1646,8 +1639,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
         K_LUT=luts[0], V_LUT=luts[1],
-        K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word),
-        PDL=pdl_on)
+        K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1656,7 +1648,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
     plan.merge = None if final else _Launch(
         _merge_splits_kernel, (B * HQ * L,),
-        (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts)), pdl_on), {"launch_pdl": True} if pdl_on else {})
+        (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts))), {})
     return plan
 
 
@@ -1670,8 +1662,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
-                     block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
-                     pdl: Optional[bool] = None) -> torch.Tensor:
+                     block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1694,11 +1685,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     (:func:`_q_plane`, :func:`_rotated_back`); by default for 2-, 3- and 4-bit codes, and for 8-bit
     ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`). ``block_sums``: each
     block's value dots start from zero and join the accumulators by fp32 adds (:func:`_plus_dot`; by
-    default for affine values on long splits without row groups, :func:`_block_sums`). ``pdl``: the
-    merge kernel is a programmatic dependent launch (sm_90 and later): its programs start while the
-    split kernel's run and wait for its end (``griddepcontrol``), so the second launch's latency
-    overlaps the first kernel's tail (off by default; ``benchmarks/decode_attention.py --variants
-    pdl:pdl=True`` times it).
+    default for affine values on long splits without row groups, :func:`_block_sums`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1706,7 +1693,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, pdl)
+              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q
