@@ -106,7 +106,7 @@ def _planes(bits: int, nbytes: int) -> int:
     """
     if bits == 3:
         return 8
-    return 8 // bits if _byte_cols.fn(bits, nbytes) else 16 // bits
+    return 8 * _code_word_bytes.fn(bits, nbytes) // bits
 
 
 @triton.constexpr_function
@@ -120,8 +120,16 @@ def _byte_cols(bits, nbytes):
     key at head_dim 80 in words and bytes.) The bytes widen to 16-bit lanes once per block,
     and every plane reads them as it reads words' low bytes. sm_90 SASS of the loop, head_dim 64,
     instructions per key, words → bytes (``benchmarks/decode_sass.py METHOD 2 --head-dim 64``): 32K affine
-    2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64). Not timed on a GPU."""
+    2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64). Not timed against words;
+    H200 figures with it: benchmarks/RESULTS.md, twenty-eighth session (head_dim 64)."""
     return int(bits) != 3 and int(nbytes) <= 16
+
+
+@triton.constexpr_function
+def _code_word_bytes(bits, nbytes):
+    """Bytes of the unit a code row is read and strided in: 1 for 3-bit byte planes and
+    :func:`_byte_cols` rows (uint8), 2 for 16-bit words (int16)."""
+    return 1 if int(bits) == 3 or _byte_cols(bits, nbytes) else 2
 
 
 @triton.jit
@@ -134,8 +142,7 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
     (``W = NBYTES / 3`` words): three contiguous loads.
     """
-    BYTES: tl.constexpr = _byte_cols(BITS, NBYTES)
-    W: tl.constexpr = NBYTES // 3 if BITS == 3 else (NBYTES if BYTES else NBYTES // 2)
+    W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // _code_word_bytes(BITS, NBYTES)
     t = tl.arange(0, PW)
     ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
     if BITS == 3:
@@ -144,7 +151,7 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
         b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
     else:
         b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
-        if BYTES:  # the low bytes of int16 lanes (Triton widens four with two permutes)
+        if _code_word_bytes(BITS, NBYTES) == 1:  # low bytes of int16 lanes (Triton widens four by two permutes)
             b0 = b0.to(tl.int16)
         b1 = b0
         b2 = b0
@@ -794,9 +801,9 @@ def _decode_split_kernel(
     tl.static_assert(VPW >= 16)
     # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
     # reinterpreting the pointers here spares a tensor view per buffer and call on the host
-    if K_BITS != 3 and not _byte_cols(K_BITS, K_NBYTES):
+    if _code_word_bytes(K_BITS, K_NBYTES) == 2:
         kc_ptr = kc_ptr.to(tl.pointer_type(tl.int16))
-    if V_BITS != 3 and not _byte_cols(V_BITS, V_NBYTES):
+    if _code_word_bytes(V_BITS, V_NBYTES) == 2:
         vc_ptr = vc_ptr.to(tl.pointer_type(tl.int16))
     km_ptr = km_ptr.to(tl.pointer_type(K_META))
     vm_ptr = vm_ptr.to(tl.pointer_type(V_META))
@@ -1391,7 +1398,8 @@ def _code_alignment(strides: tuple, word: torch.dtype) -> int:
     pipeliner. sm_90 SASS of the loop, instructions per key before → after (``benchmarks/decode_sass.py
     METHOD BITS --head-dim D [--S 1024]``), 32K: head_dim 64 affine 3-bit 42.45 → 22.09, 2-bit 24.69 →
     14.64, turbo 3-bit 55.70 → 37.77, 2-bit 38.19 → 29.30 (72–200 scalar loads a block → 8); head_dim 96
-    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92. Not timed on a GPU. 80-dim 3-bit rows keep scalar loads
+    affine 4-bit 36.83 → 16.17, turbo 4-bit 52.23 → 30.92. Not timed against the unaligned loads; H200
+    figures at head_dim 64 with it: benchmarks/RESULTS.md, twenty-eighth session. 80-dim 3-bit rows keep scalar loads
     (30 bytes: their second byte plane starts 10 bytes in, below cp.async's 4-byte alignment)."""
     if all(x % 16 == 0 for x in strides):
         return 1
@@ -1606,7 +1614,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
-    k_word, v_word = (torch.uint8 if s.bits == 3 or _byte_cols.fn(s.bits, c.shape[-1]) else torch.int16
+    k_word, v_word = (torch.uint8 if _code_word_bytes.fn(s.bits, c.shape[-1]) == 1 else torch.int16
                       for s, c in ((k_spec, k_codes), (v_spec, v_codes)))
     final = n_parts == 1  # one split normalises in place
     plan = _Plan()
