@@ -136,6 +136,8 @@ def main(argv=None):
                    help="value dots summed per block by fp32 adds (default: the plan's)")
     p.add_argument("--shuffle-lut", action=argparse.BooleanOptionalAction, default=None,
                    help="turbo centroids by warp shuffles from a per-lane table register (default: the plan's)")
+    p.add_argument("--polynomial-levels", action=argparse.BooleanOptionalAction, default=None,
+                   help="8-bit turbo levels computed from the code (default), or gathered from their table")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
@@ -143,7 +145,7 @@ def main(argv=None):
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
-        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut)
+        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

@@ -185,13 +185,15 @@ def test_property(method, k_bits, v_bits, g, L, S, seed):
 
 
 def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> list:
-    """The 32-bit integer instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``,
-    default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte, ``%laneid`` and
+    """The 32-bit instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``,
+    ``fma.rn``/``mul.rn`` on ``f16x2``, default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte, ``%laneid`` and
     ``shfl.sync.idx`` with a clamp of 31, which reads bits 0–4 of its lane operand) on ``inputs``
     (``$first_input``, …), in each of ``lanes`` lanes of a warp; returns ``$0`` and ``$1``, a value
     each for one lane, else a list over the lanes. An input is a value for every lane or a list of one
     per lane."""
     import re
+
+    import numpy as np
 
     regs = {f"${i + first_input}": v if isinstance(v, list) else [v] * lanes for i, v in enumerate(inputs)}
     regs["%laneid"] = list(range(lanes))
@@ -208,11 +210,21 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
             out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
         return out
 
+    def halves(x):  # the two fp16 numbers of a register, as float64
+        return np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
+
+    def f16x2(v):  # float64 pair rounded once to fp16 (numpy converts float64 directly), packed
+        h = v.astype(np.float16).view(np.uint16)
+        return int(h[0]) | int(h[1]) << 16
+
     ops = {"and.b32": lambda x: x[0] & x[1], "or.b32": lambda x: x[0] | x[1], "shr.b32": lambda x: x[0] >> x[1],
            "mov.b32": lambda x: x[0], "mov.u32": lambda x: x[0], "mul.lo.u32": lambda x: x[0] * x[1],
-           "mad.lo.u32": lambda x: x[0] * x[1] + x[2], "prmt.b32": lambda x: prmt(*x)}
+           "mad.lo.u32": lambda x: x[0] * x[1] + x[2], "prmt.b32": lambda x: prmt(*x),
+           # products of fp16 numbers and their sums with a third are exact in float64
+           "fma.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]) + halves(x[2])),
+           "mul.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]))}
     for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|mad\.lo\.u32|"
-                                   r"prmt\.b32|shfl\.sync\.idx\.b32)\s+([^;]+);", asm):
+                                   r"prmt\.b32|shfl\.sync\.idx\.b32|fma\.rn\.f16x2|mul\.rn\.f16x2)\s+([^;]+);", asm):
         d, *src = [x.strip() for x in operands.split(",")]
         x = [value(v) for v in src]
         if op.startswith("shfl"):
@@ -288,30 +300,54 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
             assert got == [[table[c] for c in lane] for lane in codes], s
 
 
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+def test_polynomial_levels_ptx_gives_the_fp16_levels(D):
+    """The PTX of the 8-bit level polynomial (GPU only) against the table: every code of both planes
+    (bytes 0 and 1 of two int16 row words) becomes the fp16 bits of its level, whatever the other byte."""
+    from turboquant.templates import decode_attention as da
+
+    spec = KVQuantConfig(method="turbo", bits=8).spec("k")
+    lut = da._lut_constexpr(spec, D, True, None, None, None)
+    assert lut == f"poly:{da._polynomial_words(spec, D)}" and len(lut.split(",")) == 4
+    table = [b & 0xFFFF for b in da._centroids_fp16(D, 8).view(torch.int16).tolist()]
+    gen = torch.Generator().manual_seed(D)
+    for s in range(da._planes(8, D)):
+        asm = da._polynomial_asm.fn(lut, s)
+        for k in range(0, 256, 2):
+            other = torch.randint(0, 256, (2,), generator=gen).tolist()
+            w = [(k << 8 * s) | (other[0] << 8 * (1 - s)), ((k + 1) << 8 * s) | (other[1] << 8 * (1 - s))]
+            out = _run_ptx(asm, [w[0] | w[1] << 16], first_input=1)[0]
+            assert [out & 0xFFFF, out >> 16] == [table[k], table[k + 1]], (s, k)
+
+
 def test_lookup_defaults_where_they_were_faster():
     # by default: 3- and 4-bit turbo codes by warp shuffles, 2-bit ones by byte permutes, at every
     # length; without the shuffles, 3-bit codes take the permutes in four-warp programs (short
     # caches) and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
     from turboquant.templates import decode_attention as da
 
+    # 8-bit levels come from their polynomial unless polynomial_levels=False (then the gather)
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
+        poly = f"poly:{da._polynomial_words(cfg.spec('k'), 128)}" if bits == 8 else ""
         words = da._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
             assert one_warp == (S == 4096 and bits in (2, 3, 4))
             kind = {2: "prmt", 3: "shfl", 4: "shfl", 8: ""}[bits]
-            assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else ""), (bits, S)
+            assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else poly), (bits, S)
             no_shfl = _plan_options(cfg, S, shuffle_lut=False)[1]["K_LUT"]
-            assert (no_shfl != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
+            assert (no_shfl != "") == (bits in (2, 8) or (bits == 3 and not one_warp)), (bits, S)
             for flag, kind in ((True, "shfl"), (False, "prmt")):
                 on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True)[1]
-                assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else "")
+                assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else poly)
             off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False)[1]
-            assert off["K_LUT"] == off["V_LUT"] == ""
+            assert off["K_LUT"] == off["V_LUT"] == poly
+            gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, polynomial_levels=False)[1]
+            assert gather["K_LUT"] == gather["V_LUT"] == ""
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
-    assert mixed["K_LUT"] == "" and mixed["V_LUT"].startswith("prmt:")
+    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("prmt:")
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True, shuffle_lut=True)[1][
         "K_LUT"] == ""
 
@@ -811,6 +847,20 @@ def test_shuffle_lookups_at_other_head_dims_on_gpu(bits, S, D):
     gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
     assert _rel(shfl, gather.double()) < 1e-3, (_rel(shfl, ref), _rel(gather, ref))
     assert _rel(shfl, ref) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [(8, 8), (8, 4), (3, 8)])
+@pytest.mark.parametrize("S", [17, 8193])
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+def test_polynomial_levels_on_gpu(bits, S, D):
+    # 8-bit levels computed by the PTX polynomial, keys and values: the table's fp16 numbers into the
+    # same MMAs as the gather's; and against the oracle
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
+    poly, ref = _case("turbo", *bits, **args)
+    gather, _ = _case("turbo", *bits, polynomial_levels=False, **args)
+    assert _rel(poly, gather.double()) < 1e-3, (_rel(poly, ref), _rel(gather, ref))
+    assert _rel(poly, ref) < TOL
 
 
 @pytest.mark.gpu

@@ -18,11 +18,13 @@ import functools
 
 import torch
 
-__all__ = ["lloyd_max_codebook", "codebook_mse", "codebook_boundaries"]
+__all__ = ["lloyd_max_codebook", "codebook_mse", "codebook_boundaries", "odd_polynomial_codebook", "levels_mse",
+           "code_offsets"]
 
 _GRID = 1 << 18
 
 
+@functools.lru_cache(maxsize=None)
 def _density_grid(d: int):
     """Midpoints ``z`` of a uniform grid over the support and the probability of each cell."""
     if d < 3:
@@ -60,8 +62,59 @@ def _solve(d: int, bits: int):
     # symmetric density: enforce exact symmetry so that negating x negates its codes' values
     c = (c - c.flip(0)) / 2
     bounds = (c[1:] + c[:-1]) / 2
-    mse = float((w * (z - c[torch.bucketize(z, bounds)]) ** 2).sum())
-    return c, bounds, mse
+    return c, bounds, levels_mse(d, c)
+
+
+def levels_mse(d: int, levels: torch.Tensor) -> float:
+    """Expected squared error of one rotated unit vector of head_dim ``d`` whose coordinates are
+    quantized to the nearest of the sorted ``levels`` (float64, in units of ``1/√d``)."""
+    z, w = _density_grid(int(d))
+    bounds = (levels[1:] + levels[:-1]) / 2
+    return float((w * (z - levels[torch.bucketize(z, bounds)]) ** 2).sum())
+
+
+def _cell_moments(d: int, levels: torch.Tensor):
+    """Probability mass and first moment of each level's nearest-neighbour cell."""
+    z, w = _density_grid(d)
+    m0 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w, 0)])
+    m1 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w * z, 0)])
+    edges = torch.searchsorted(z, (levels[1:] + levels[:-1]) / 2)
+    idx = torch.cat([torch.zeros(1, dtype=torch.long), edges, torch.full((1,), z.numel(), dtype=torch.long)])
+    return m0[idx[1:]] - m0[idx[:-1]], m1[idx[1:]] - m1[idx[:-1]]
+
+
+def code_offsets(bits: int) -> torch.Tensor:
+    """``u_k = (2k + 1) / 2^bits − 1`` for codes ``k = 0 … 2^bits − 1``: the code's centre offset
+    in ``(−1, 1)``, odd under ``k → 2^bits − 1 − k``; what :func:`odd_polynomial_codebook`'s
+    polynomial is a function of (float64)."""
+    k = torch.arange(1 << bits, dtype=torch.float64)
+    return (2 * k + 1) / (1 << bits) - 1
+
+
+@functools.lru_cache(maxsize=None)
+def odd_polynomial_codebook(d: int, bits: int, degree: int) -> tuple:
+    """Coefficients ``(c1, c3, …, c_degree)`` (float64, units of ``1/√d``) of the odd polynomial
+    ``P(u) = c1·u + c3·u³ + …`` whose values at :func:`code_offsets` are a ``2^bits``-level
+    quantizer for head_dim ``d``: Lloyd's iteration constrained to such levels (each step moves the
+    levels to their cells' centroids, then fits the polynomial to them by least squares weighted
+    by the cells' mass), started from the least-squares fit to the Lloyd–Max levels.
+
+    A kernel computes such a level from the code in a few multiply-adds where a free codebook of 256
+    levels takes a table lookup per code. At 8 bits the MSE is 1.04–1.05× Lloyd–Max's for degree 7
+    and 1.09–1.11× for degree 5 (head_dim 64–256; ``tests/test_turbo.py``)."""
+    d, bits, degree = int(d), int(bits), int(degree)
+    if degree < 1 or degree % 2 == 0:
+        raise ValueError(f"degree={degree}: an odd polynomial has an odd degree >= 1")
+    u = code_offsets(bits)
+    a = torch.stack([u ** p for p in range(1, degree + 1, 2)], 1)
+    coef = torch.linalg.lstsq(a, lloyd_max_codebook(d, bits)[:, None]).solution[:, 0]
+    for _ in range(300):
+        levels = a @ coef
+        mass, first = _cell_moments(d, levels)
+        centroid = torch.where(mass > 0, first / mass.clamp(min=1e-300), levels)
+        root = mass.sqrt()[:, None]
+        coef = torch.linalg.lstsq(a * root, centroid[:, None] * root).solution[:, 0]
+    return tuple(coef.tolist())
 
 
 # The tables below are cached and shared: do not modify them in place.

@@ -6,7 +6,8 @@ For a head vector ``x`` of ``d`` elements:
 * ``z = (x / n) @ R.T · √d`` (``R`` from :mod:`.rotation`), whose coordinates are close to
   standard normal whatever ``x`` was;
 * each coordinate is replaced by the index of its nearest Lloyd–Max centroid
-  (:mod:`.codebooks`; ties go to the lower code);
+  (:mod:`.codebooks`; ties go to the lower code) — at 8 bits the nearest value of an odd
+  polynomial in the code fit to them (:data:`POLYNOMIAL_LEVELS`);
 * decode: ``x̂ = n · (centroid[codes] / √d) @ R``.
 
 Non-finite elements are quantized as if they were 0 (before the norm and the rotation,
@@ -24,11 +25,19 @@ import torch
 from ..compat import tracing_with_fake_tensors
 from .affine import _finite, to_metadata
 from .constants import as_constant
-from .codebooks import codebook_boundaries, lloyd_max_codebook
+from .codebooks import code_offsets, codebook_boundaries, levels_mse, lloyd_max_codebook, odd_polynomial_codebook
 from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import is_power_of_two, rotation_matrix, signed_hadamard
 
-__all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids"]
+__all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids",
+           "turbo_codebook_mse", "level_polynomial", "POLYNOMIAL_LEVELS"]
+
+# bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code
+# (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level in six fp16x2
+# operations per two codes; a table of 256 levels was a shared-memory gather per code, which held turbo
+# 8-bit decode attention at 0.45–0.65× bf16's speed on the H200 (benchmarks/RESULTS.md). Degree 7:
+# MSE 1.04–1.05× Lloyd–Max's at head_dim 64–256 (degree 5: 1.09–1.11×, degree 3: 1.26–1.29×).
+POLYNOMIAL_LEVELS = {8: 7}
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -46,14 +55,68 @@ def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> t
     return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype)
 
 
+def turbo_codebook_mse(d: int, bits: int) -> float:
+    """Expected squared error of one rotated unit vector quantized to the levels turbo uses (its
+    fp16 levels; for :data:`POLYNOMIAL_LEVELS` widths, the polynomial's): :func:`~.codebooks.codebook_mse`
+    of the levels actually stored."""
+    return levels_mse(d, _fp16_levels(d, bits) * d ** 0.5)
+
+
+def level_polynomial(d: int, bits: int) -> tuple:
+    """The fp16 coefficients ``(c1, c3, …)`` (as floats, units of the unit vector's coordinates) whose
+    polynomial gives a :data:`POLYNOMIAL_LEVELS` width's levels: ``level(k) = u·(c1 + w·(c3 + w·(…)))``
+    with ``u = (2k + 1)/2^bits − 1`` and ``w = u·u``, every operation rounded to fp16 (Horner's rule,
+    one fused multiply-add per coefficient: :func:`_polynomial_levels`). The coefficients are
+    :func:`~.codebooks.odd_polynomial_codebook`'s divided by ``√d``."""
+    coef = torch.tensor(odd_polynomial_codebook(d, bits, POLYNOMIAL_LEVELS[bits]), dtype=torch.float64)
+    return tuple(_round_fp16(coef / d ** 0.5).tolist())
+
+
+def _round_fp16(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` rounded to the nearest fp16 number (ties to even), as float64: one rounding, where
+    ``x.to(torch.float16)`` may round through float32 first."""
+    _, e = torch.frexp(x)
+    ulp = torch.ldexp(torch.ones_like(x), (e - 11).clamp(min=-24))  # fp16: 11 significant bits, subnormals 2^-24
+    return torch.round(x / ulp) * ulp
+
+
+def _polynomial_levels(bits: int, coefs: tuple) -> torch.Tensor:
+    """The levels of ``coefs`` (:func:`level_polynomial`) as fp16 arithmetic gives them, in float64:
+    the operations a kernel runs (``fma.rn.f16x2``/``mul.rn.f16x2``), each result rounded once (a
+    product of two fp16 numbers and the sum with a third are exact in float64). ``u`` is exact in
+    fp16 (at most ``bits + 1`` significant bits). Odd: ``level(2^bits − 1 − k) = −level(k)``, since
+    rounding to nearest is."""
+    u = code_offsets(bits)
+    w = _round_fp16(u * u)
+    p = torch.full_like(u, coefs[-1])
+    for c in reversed(coefs[:-1]):
+        p = _round_fp16(p * w + c)
+    return _round_fp16(p * u)
+
+
 def _fp16_levels(d: int, bits: int) -> torch.Tensor:
-    """``lloyd_max_codebook / √d`` rounded once to fp16, as float64. The decode kernel's MMAs take fp16
+    """The levels in fp16 numbers, as float64: :func:`_polynomial_levels` for :data:`POLYNOMIAL_LEVELS`
+    widths; otherwise ``lloyd_max_codebook / √d`` rounded once to fp16. The decode kernel's MMAs take fp16
     operands; with the float64 levels as the codes' meaning, the kernel's rounded table was an error
     of its own, fixed per level and so not averaged away: turbo 3-bit keys at head_dim 80 came out
     2.06e-3 from the oracle on the H200 (bound 2e-3), and an emulation in float64 (fp16 table, fp16
     rotated query, bf16 output) gives the same 2.056e-3, 1.711e-3 without the table's rounding. A
     level moves by at most 2⁻¹¹ of itself (the codebook's MSE by far less: it is at its optimum)."""
+    if bits in POLYNOMIAL_LEVELS:
+        levels = _polynomial_levels(bits, level_polynomial(d, bits))
+        if not bool((levels[1:] > levels[:-1]).all()):  # the codes' search and meaning need sorted levels
+            raise NotImplementedError(f"the {bits}-bit level polynomial of head_dim={d} is not increasing in fp16")
+        return levels
     return (lloyd_max_codebook(d, bits).to(torch.float64) / d ** 0.5).to(torch.float16).to(torch.float64)
+
+
+def _level_boundaries(d: int, bits: int) -> torch.Tensor:
+    """Decision thresholds of the codes (units of ``1/√d``, what ``z`` is in): the Lloyd–Max
+    boundaries, or the midpoints between the polynomial's levels (:data:`POLYNOMIAL_LEVELS`)."""
+    if bits in POLYNOMIAL_LEVELS:
+        levels = _fp16_levels(d, bits) * d ** 0.5
+        return (levels[1:] + levels[:-1]) / 2
+    return codebook_boundaries(d, bits)
 
 
 def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
@@ -62,7 +125,7 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
     d = x.shape[-1]
     xw = _finite(x)
     norm, z = _rotated(xw, seed)
-    bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
+    bounds = as_constant(_level_boundaries, d, bits, device=x.device, dtype=xw.dtype)
     codes = torch.bucketize(z, bounds).to(torch.uint8)
     if rescale_norm:  # ‖ŷ‖ is the rotation-free norm of the centroids the codes pick
         y = turbo_centroids(d, bits, device=x.device, dtype=xw.dtype)[codes.long()]
@@ -148,7 +211,7 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     else:
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
-    bounds = as_constant(codebook_boundaries, d, bits, device=x.device, dtype=xw.dtype)
+    bounds = as_constant(_level_boundaries, d, bits, device=x.device, dtype=xw.dtype)
     codes = [_codebook_search(v, bounds) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
         squares = as_constant(_squared_levels, d, bits, xw.dtype, device=x.device, dtype=xw.dtype)

@@ -45,7 +45,7 @@ import triton.language as tl
 from .. import compat
 from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
-from ..quant.turbo import turbo_centroids
+from ..quant.turbo import POLYNOMIAL_LEVELS, level_polynomial, turbo_centroids
 from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
 
 __all__ = ["decode_attention", "supports", "unsupported"]
@@ -298,8 +298,8 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
 def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
                   USE_ASM: tl.constexpr, LUT: tl.constexpr):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
-    turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm` or :func:`_register_lut_asm`;
-    else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
+    turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm`, :func:`_polynomial_asm` or
+    :func:`_register_lut_asm`; else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
     if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
         SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
         if BITS != 3:
@@ -310,6 +310,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
         else:
             lo, hi = _field3_bytes(b0, b1, b2, S)
             vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
+    elif TURBO and USE_ASM and _lut_kind(LUT) == "poly":
+        POLY: tl.constexpr = _polynomial_asm(LUT, S)
+        vals = tl.inline_asm_elementwise(POLY, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
     elif TURBO and USE_ASM and LUT != "":
         ASM: tl.constexpr = _register_lut_asm(BITS, LUT, S)
         src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
@@ -326,8 +329,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 @triton.constexpr_function
 def _lut_kind(lut):
     """How a turbo spec's codes become centroids in the kernel: ``LUT`` is ``""`` (:func:`_lookup`'s
-    gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`) or ``"shfl:…"`` (warp shuffles,
-    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`'."""
+    gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`), ``"shfl:…"`` (warp shuffles,
+    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`', or
+    ``"poly:…"`` (the level polynomial, :func:`_polynomial_asm`; the words :func:`_polynomial_words`')."""
     return str(lut).partition(":")[0]
 
 
@@ -373,6 +377,38 @@ def _shuffle_lut_asm(bits, lut, s):
         src, sh = srcs[r]
         body += (f"shr.b32 i, {src}, {sh}; " if sh else f"mov.b32 i, {src}; ") + shfl.format(r)
     return head + body + "prmt.b32 $0, r0, r1, 0x5410; prmt.b32 $1, r2, r3, 0x5410; }"
+
+
+@triton.constexpr_function
+def _polynomial_asm(lut, s):
+    """PTX for two 8-bit turbo codes to their fp16 levels computed from the code
+    (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`): ``$1`` two int16 row words, plane ``s``'s code
+    in byte ``s`` of each; ``$0`` the two levels. A permute puts each code ``k`` in the low byte of a
+    half and ``x·2 + 0x6401`` makes the half the fp16 number ``1025 + 2k``; ``u = x/256 − 5 =
+    (2k + 1)/256 − 1`` (exact), ``w = u·u``, Horner's rule over ``w`` from the top coefficient (one
+    ``fma`` each), times ``u``: the operations and roundings of :func:`~turboquant.quant.turbo._polynomial_levels`,
+    whose values the table holds (``.rn``: ptxas keeps every rounding). Eight instructions per two
+    codes, no memory: the 256-entry table was a shared-memory gather per code (:func:`_lookup`)."""
+    coefs = [int(x, 16) for x in _lut_words(lut).split(",")]
+    regs = "".join(f", c{i}" for i in range(len(coefs)))
+    sel = 0x4040 | (2 + int(s)) << 8 | int(s)  # byte s of each word to the low byte of its half, zero above
+    asm = "{ .reg .b32 x, u, w, p, k" + regs + "; " + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs))
+    asm += (f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; mov.b32 w, 0x1C001C00; "
+            "mov.b32 k, 0xC500C500; fma.rn.f16x2 u, x, w, k; mul.rn.f16x2 w, u, u; ")
+    top = len(coefs) - 1
+    if top == 0:
+        return asm + "mul.rn.f16x2 $0, c0, u; }"
+    asm += f"fma.rn.f16x2 p, c{top}, w, c{top - 1}; "
+    for i in range(top - 2, -1, -1):
+        asm += f"fma.rn.f16x2 p, p, w, c{i}; "
+    return asm + "mul.rn.f16x2 $0, p, u; }"
+
+
+def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:
+    """:func:`~turboquant.quant.turbo.level_polynomial`'s coefficients as ``fp16x2`` words (the
+    coefficient in both halves), lowest power first."""
+    half = torch.tensor(level_polynomial(d, spec.bits), dtype=torch.float16).view(torch.int16).to(torch.int32)
+    return ",".join(f"{(h & 0xFFFF) * 0x10001:#x}" for h in half.tolist())
 
 
 @triton.jit
@@ -472,10 +508,13 @@ def _shuffle_lut(spec: TensorQuantSpec) -> bool:
 
 
 def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: Optional[bool],
-                   register_lut: Optional[bool]) -> str:
+                   register_lut: Optional[bool], polynomial_levels: Optional[bool]) -> str:
     """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`_lut_kind`): the lookup the overrides or the
     defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering spec, with its
-    table words."""
+    table words; the level polynomial for a polynomial one (:func:`_polynomial_asm`, unless
+    ``polynomial_levels`` is False: then the table's gather)."""
+    if spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS:
+        return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
     if not _gathers(spec):
         return ""
     if _shuffle_lut(spec) if shuffle_lut is None else shuffle_lut:
@@ -1538,7 +1577,7 @@ class _Plan:
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None, block_sums=None, shuffle_lut=None)
+                        plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1552,7 +1591,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1608,7 +1647,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut) for s in (k_spec, v_spec)]
+    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels) for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
@@ -1670,7 +1709,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
-                     block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None) -> torch.Tensor:
+                     block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
+                     polynomial_levels: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1694,6 +1734,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`). ``block_sums``: each
     block's value dots start from zero and join the accumulators by fp32 adds (:func:`_plus_dot`; by
     default for affine values on long splits without row groups, :func:`_block_sums`).
+    ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`_lookup`) where
+    by default a GPU computes them from the code (:func:`_polynomial_asm`; the same fp16 numbers).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1701,7 +1743,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut)
+              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q
