@@ -334,7 +334,7 @@ def test_lookup_defaults_where_they_were_faster():
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
-            assert one_warp == (S == 4096 and bits in (2, 3, 4))
+            assert one_warp == ((S == 4096 and bits in (2, 3, 4)) or bits == 8)
             kind = {2: "prmt", 3: "shfl", 4: "shfl", 8: ""}[bits]
             assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else poly), (bits, S)
             no_shfl = _plan_options(cfg, S, shuffle_lut=False)[1]["K_LUT"]
@@ -640,12 +640,18 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
     ("affine", 8, 4096, 1, 1, 32), ("turbo", 3, 2048, 1, 1, 64), ("turbo", 2, 9000, 1, 1, 64),
     ("affine", 4, 2047, 1, 4, 128),   # short caches: a split is mostly the program's fixed work
     ("turbo", 4, 32768, 1, 1, 64),    # its centroids gathered by shuffles: 247.6 µs against 264.6 (H200)
-    ("turbo", 8, 32768, 1, 4, 64),    # 256 entries: a shared-memory gather, four warps (one: 1450 against 410)
+    ("turbo", 8, 32768, 1, 1, 32),    # levels computed (_polynomial_asm): one warp, 200.3 µs against 222.6
+    ("turbo", 8, 1024, 1, 1, 32),     # ... at every length: 18.29 against 21.42 at 1K (H200)
     ("affine", 4, 32768, 8, 4, 128),  # 32 query rows: accumulators too large for one warp
 ])
 def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L)
     assert options["num_warps"] == warps and consts["BLOCK_N"] == block_n
+    if bits == 8 and method == "turbo":  # gathered from the 256-entry table: four warps (one: 1450 µs against 410)
+        gather = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L, polynomial_levels=False)[0]
+        assert gather["num_warps"] == 4
+        mixed = KVQuantConfig(method=method, bits=4, k_bits=8, v_bits=4)  # 4-bit's rule at 1K: four warps
+        assert _plan_options(mixed, S, L=L)[0]["num_warps"] == (1 if S >= 2048 else 4)
     assert options["num_stages"] == 3
     if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups
         groups = 16 // (4 * L) if method == "affine" and bits != 8 else 1
@@ -684,9 +690,11 @@ def test_one_warp_splits_fill_one_wave_at_any_length(S, B):
     # splits into one wave's worth (a power-of-two split had made 32800 keys 17 splits on the H200,
     # a second wave; 132 µs against 85); four-warp programs keep power-of-two splits
     hkv, wave = 8, 8 * 4  # the plan's programs_per_sm × the CPU's stand-in of 4 SMs
-    for cfg, warps in ((KVQuantConfig(method="affine", bits=4), 1), (KVQuantConfig(method="turbo", bits=8), 4)):
-        options, consts = _plan_options(cfg, S, B=B)
-        splits = _plan(cfg, S, B=B).split.grid[1]
+    gather = {"polynomial_levels": False}  # turbo 8-bit gathering its levels keeps four warps
+    for cfg, warps, kw in ((KVQuantConfig(method="affine", bits=4), 1, {}),
+                           (KVQuantConfig(method="turbo", bits=8), 4, gather)):
+        options, consts = _plan_options(cfg, S, B=B, **kw)
+        splits = _plan(cfg, S, B=B, **kw).split.grid[1]
         blocks = consts["FIXED_BLOCKS"]  # under the interpreter, the split's blocks as a constant
         assert options["num_warps"] == warps
         assert (splits - 1) * blocks * consts["BLOCK_N"] < S <= splits * blocks * consts["BLOCK_N"]
@@ -733,7 +741,7 @@ def test_rotated_walks_match_the_oracle(method, bits, L, mask, num_splits, group
 
 
 @pytest.mark.parametrize("method, bits, warps", [("affine", 8, 1), ("affine", 4, 1), ("turbo", 2, 1), ("turbo", 4, 1),
-                                                ("turbo", 8, 4)])
+                                                ("turbo", 8, 1)])
 def test_one_warp_programs_rotate_their_walk(method, bits, warps):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), 32768)
     assert options["num_warps"] == warps and consts["ROTATE"] == (warps == 1)

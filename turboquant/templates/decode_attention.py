@@ -1332,7 +1332,8 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     po.copy_(p @ vr)
 
 
-def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
+def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int,
+                       polynomial_levels: bool = True) -> bool:
     """Whether a long cache's programs are one warp each (64 keys per block, 32 for 8-bit rows, 3
     stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
     max, sum and layout change of the softmax (18 per block, sm_90 SASS); one warp has none of them and
@@ -1342,13 +1343,21 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     same parameters): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
     2-bit 146.4 → 90.9, 8-bit 173.1 → 159.1; turbo 3-bit 371.6 → 306.5 and 2-bit 327.6 → 269.3 (with
     spills). Turbo 4-bit, with the centroid gather of :func:`_lookup`: 264.6 → 247.6 (2026-12-03,
-    ``benchmarks/results/decode_gather_session19/``); turbo 8-bit keeps four warps (410.2 → 1450: a
-    one-warp gather of 256 entries is shuffles and selects, not a shared-memory load). At 1K every width
-    ran slower with one warp (affine 4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed
-    work (the query planes, the epilogue), which one warp does alone. A tile of more than 16 rows (5–8
-    query positions) keeps four warps: its accumulators would not fit one warp's registers."""
-    return S >= LONG_CACHE_KEYS and rows <= 16 and all(
-        s.method == "affine" or s.bits in (2, 3, 4) for s in (k_spec, v_spec))
+    ``benchmarks/results/decode_gather_session19/``). At 1K every width ran slower with one warp (affine
+    4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed work (the query planes, the
+    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`_polynomial_asm`)
+    takes one warp at every length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
+    10.78 → 10.32; 2026-12-05, ``benchmarks/results/session29_gpu/``); gathered from its 256-entry table
+    (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
+    entries is shuffles and selects, not a shared-memory load). A tile of more than 16 rows (5–8 query
+    positions) keeps four warps: its accumulators would not fit one warp's registers."""
+    if rows > 16:
+        return False
+    turbo8 = [_turbo8(s) for s in (k_spec, v_spec)]
+    if any(turbo8) and not polynomial_levels:
+        return False
+    return all(turbo8) or (S >= LONG_CACHE_KEYS and all(s.method == "affine" or s.bits <= 4 or t
+                                                          for s, t in zip((k_spec, v_spec), turbo8)))
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
@@ -1600,7 +1609,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
     if num_warps is None:
         # one split of a host-bound call is the whole sequence: it keeps its four warps
-        one = _one_warp_programs(k_spec, v_spec, S, G * L) and not (host_bound and num_splits in (None, 1))
+        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
+               and not (host_bound and num_splits in (None, 1)))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1
     KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
