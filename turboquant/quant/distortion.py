@@ -8,6 +8,7 @@ import torch
 
 from ..config import KVQuantConfig
 from .codebooks import codebook_mse
+from .turbo import turbo_codebook_mse
 from .packed import dequantize_kv, quantize_kv
 
 __all__ = ["PAPER_MSE", "measure_distortion", "DISTORTION_COLUMNS"]
@@ -15,7 +16,7 @@ __all__ = ["PAPER_MSE", "measure_distortion", "DISTORTION_COLUMNS"]
 # TurboQuant paper (arXiv 2504.19874), MSE distortion of unit vectors, rounded as printed there
 PAPER_MSE = {1: 0.36, 2: 0.117, 3: 0.03, 4: 0.009}
 
-DISTORTION_COLUMNS = ["method", "bits", "bits_per_element", "mse", "lloyd_max_mse", "paper_mse",
+DISTORTION_COLUMNS = ["method", "bits", "bits_per_element", "mse", "levels_mse", "lloyd_max_mse", "paper_mse",
                       "lower_bound_4^-b", "ip_mse", "ip_bias"]
 
 
@@ -47,6 +48,9 @@ def measure_distortion(d: int = 128, n: int = 20000, bits: Iterable[int] = (2, 3
                 "bits": b,
                 "bits_per_element": packed.nbytes * 8 / x.numel(),
                 "mse": float(((x - xh) ** 2).sum(-1).mean()),
+                # the expected MSE of the levels turbo stores (8 bits: the level polynomial's) and of
+                # the free Lloyd–Max codebook
+                "levels_mse": turbo_codebook_mse(d, b) if method == "turbo" else float("nan"),
                 "lloyd_max_mse": codebook_mse(d, b) if method == "turbo" else float("nan"),
                 "paper_mse": PAPER_MSE.get(b, float("nan")) if method == "turbo" else float("nan"),
                 "lower_bound_4^-b": 4.0 ** -b,
