@@ -683,6 +683,17 @@ def test_tiles_of_eight_rows_take_row_groups_but_for_3_bits(bits, groups):
     assert consts["BLOCK_SUMS"] == (groups == 1)
 
 
+@pytest.mark.parametrize("method, bits, splits", [("turbo", 8, 8), ("turbo", 4, 4), ("affine", 8, 8), ("affine", 3, 8)])
+def test_short_caches_split_no_finer_than_their_fixed_work_pays(monkeypatch, method, bits, splits):
+    # 1K keys, B=8, Hkv=8 on the H200's 132 SMs (a wave of 16 splits): turbo 8-bit splits of 128 keys
+    # (16.69 µs against 18.35 at 64 keys and 21.79 at 256), turbo 4-bit of 256, affine of a block (128
+    # keys in four-warp programs) or, for 3 bits, 128 keys
+    from turboquant.templates import decode_attention as da
+
+    monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", 132)
+    assert _plan(KVQuantConfig(method=method, bits=bits), 1024, B=8).split.grid[1] == splits
+
+
 @pytest.mark.parametrize("B", [2, 3])  # 16 KV heads fill the wave twice; 24 once, with 8 programs to spare
 @pytest.mark.parametrize("S", [32768, 32800, 16400, 4100])
 def test_one_warp_splits_fill_one_wave_at_any_length(S, B):

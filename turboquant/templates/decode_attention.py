@@ -1395,10 +1395,14 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     at short contexts fewer, longer splits pay. Sweep at 1K, B=8, Hq=32, Hkv=8, D=128, CUDA graph
     µs (H200, 2026-12-01, ``benchmarks/decode_attention.py --sweep``): turbo 4-bit 21.0 at 128 keys
     per split against 18.9 at 256, turbo 3-bit 34.0 (64) against 23.0 (256), turbo 2-bit 23.3
-    (128) against 22.0 (256); affine 3-bit 13.0 (64) against 11.6 (128). Long contexts split
-    into thousands of keys either way."""
+    (128) against 22.0 (256); affine 3-bit 13.0 (64) against 11.6 (128). Turbo 8-bit with its
+    levels computed (one-warp programs of 32-key blocks, :func:`_one_warp_programs`): 18.35 at 64 keys
+    per split, 16.69 at 128, 21.79 at 256 (2026-12-05, ``benchmarks/results/session29_gpu/``). Long
+    contexts split into thousands of keys either way."""
     if k_spec.method == "turbo" and k_spec.bits <= 4:
         return 256
+    if _turbo8(k_spec):
+        return 128
     if k_spec.method == "affine" and k_spec.bits == 3:
         return 128
     return block_n
