@@ -77,12 +77,13 @@ MIN_TILE_ROWS = 4
 # A call captured into a CUDA graph launches nothing from the host and splits as usual.
 HOST_BOUND_KEY_ROWS = 1 << 16
 
-# Keys per sequence at most for which 3-bit affine K/V take 128-key blocks and 2 stages: a short
+# Keys per sequence at most for which 3-bit K/V take 128-key blocks (affine also 2 stages): a short
 # cache's grid is small and a block's fixed work dominates, so twice the registers per program cost
 # less than the second block. `benchmarks/decode_attention.py --sweep --contexts 1024 --methods
 # affine --bits 3` (H200, 2026-12-02, B=8, Hq=32, Hkv=8, D=128, CUDA graph): 10.43 µs against
-# 10.98 at 64 keys / 3 stages, the default before; longer contexts were not swept again.
-SHORT_AFFINE3_KEYS = 1024
+# 10.98 at 64 keys / 3 stages, the default before; longer contexts were not swept again. Turbo 3-bit
+# (`--variants b128:block_n=128`, 2026-12-05, ``benchmarks/results/session29_gpu/``): 16.32 against 17.41.
+SHORT_3BIT_KEYS = 1024
 
 # Keys per sequence from which a program is one warp (:func:`_one_warp_programs`).
 LONG_CACHE_KEYS = 2048
@@ -1623,14 +1624,15 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if min_tile_rows is None:
         min_tile_rows = MIN_TILE_ROWS
     M = min(MAX_TILE_ROWS, max(min_tile_rows, _pow2(G * L)))
-    short_affine3 = S <= SHORT_AFFINE3_KEYS and all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
+    short3 = S <= SHORT_3BIT_KEYS and k_spec.bits == v_spec.bits == 3
+    short_affine3 = short3 and k_spec.method == v_spec.method == "affine"
     if block_n is None and one_warp:
         block_n = 32 if 8 in (k_spec.bits, v_spec.bits) else 64
     if block_n is None:
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
-        # (and short 3-bit affine caches, SHORT_AFFINE3_KEYS)
-        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short_affine3 else 128
+        # (and short 3-bit caches, SHORT_3BIT_KEYS)
+        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short3 else 128
     if num_stages is None:
         # 3 stages are best or equal everywhere (affine 4-bit 116.7 against 159.9 at 2 stages and
         # 145.4 at 4; turbo 8-bit 380.4 against 410.2 at 32K, equal at 1K, since its table moved to a
