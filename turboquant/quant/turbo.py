@@ -33,10 +33,11 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
            "turbo_codebook_mse", "level_polynomial", "POLYNOMIAL_LEVELS"]
 
 # bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code
-# (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level in six fp16x2
-# operations per two codes; a table of 256 levels was a shared-memory gather per code, which held turbo
-# 8-bit decode attention at 0.45–0.65× bf16's speed on the H200 (benchmarks/RESULTS.md). Degree 7:
-# MSE 1.04–1.05× Lloyd–Max's at head_dim 64–256 (degree 5: 1.09–1.11×, degree 3: 1.26–1.29×).
+# (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level in eight
+# instructions per two codes (six of them fp16x2 arithmetic); a table of 256 levels was a shared-memory
+# gather per code, which held turbo 8-bit decode attention at 0.45–0.65× bf16's speed on the H200
+# (1.20× at 32K computed; benchmarks/RESULTS.md). Degree 7: MSE 1.04–1.05× Lloyd–Max's at head_dim
+# 64–256 (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×).
 POLYNOMIAL_LEVELS = {8: 7}
 
 
