@@ -38,23 +38,40 @@ def _density_grid(d: int):
 
 
 @functools.lru_cache(maxsize=None)
+def _cumulative_moments(d: int):
+    """Cumulative mass and first moment of the density grid, a leading 0 each: a cell's moments are
+    two differences (:func:`_cell_moments`)."""
+    z, w = _density_grid(d)
+    zero = torch.zeros(1, dtype=torch.float64)
+    return torch.cat([zero, torch.cumsum(w, 0)]), torch.cat([zero, torch.cumsum(w * z, 0)])
+
+
+def _cell_moments(d: int, levels: torch.Tensor):
+    """Probability mass and first moment of each level's nearest-neighbour cell."""
+    z, _ = _density_grid(d)
+    m0, m1 = _cumulative_moments(d)
+    edges = torch.searchsorted(z, (levels[1:] + levels[:-1]) / 2)
+    idx = torch.cat([torch.zeros(1, dtype=torch.long), edges, torch.full((1,), z.numel(), dtype=torch.long)])
+    return m0[idx[1:]] - m0[idx[:-1]], m1[idx[1:]] - m1[idx[:-1]]
+
+
+def _centroids(d: int, levels: torch.Tensor) -> torch.Tensor:
+    """One Lloyd step: each level moved to its cell's centroid (an empty cell's level stays)."""
+    mass, first = _cell_moments(d, levels)
+    return torch.where(mass > 0, first / mass.clamp(min=1e-300), levels)
+
+
+@functools.lru_cache(maxsize=None)
 def _solve(d: int, bits: int):
     z, w = _density_grid(d)
     levels = 1 << bits
-    cdf = torch.cumsum(w, 0)
-    m0 = torch.cat([torch.zeros(1, dtype=torch.float64), cdf])
-    m1 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w * z, 0)])
     # start from the quantiles of p^(1/3) (the asymptotically optimal point density,
     # Panter–Dite): plain Lloyd from the quantiles of p takes tens of thousands of steps at 8 bits
     comp = torch.cumsum(w ** (1 / 3), 0)
     targets = (torch.arange(levels, dtype=torch.float64) + 0.5) / levels * comp[-1]
     c = z[torch.searchsorted(comp, targets).clamp(max=z.numel() - 1)]
     for _ in range(5000):
-        b = (c[1:] + c[:-1]) / 2
-        idx = torch.cat([torch.zeros(1, dtype=torch.long), torch.searchsorted(z, b),
-                         torch.full((1,), z.numel(), dtype=torch.long)])
-        mass = m0[idx[1:]] - m0[idx[:-1]]
-        new = torch.where(mass > 0, (m1[idx[1:]] - m1[idx[:-1]]) / mass.clamp(min=1e-300), c)
+        new = _centroids(d, c)
         done = (new - c).abs().max() < 1e-13
         c = new
         if done:
@@ -71,16 +88,6 @@ def levels_mse(d: int, levels: torch.Tensor) -> float:
     z, w = _density_grid(int(d))
     bounds = (levels[1:] + levels[:-1]) / 2
     return float((w * (z - levels[torch.bucketize(z, bounds)]) ** 2).sum())
-
-
-def _cell_moments(d: int, levels: torch.Tensor):
-    """Probability mass and first moment of each level's nearest-neighbour cell."""
-    z, w = _density_grid(d)
-    m0 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w, 0)])
-    m1 = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w * z, 0)])
-    edges = torch.searchsorted(z, (levels[1:] + levels[:-1]) / 2)
-    idx = torch.cat([torch.zeros(1, dtype=torch.long), edges, torch.full((1,), z.numel(), dtype=torch.long)])
-    return m0[idx[1:]] - m0[idx[:-1]], m1[idx[1:]] - m1[idx[:-1]]
 
 
 def code_offsets(bits: int) -> torch.Tensor:
@@ -110,9 +117,8 @@ def odd_polynomial_codebook(d: int, bits: int, degree: int) -> tuple:
     coef = torch.linalg.lstsq(a, lloyd_max_codebook(d, bits)[:, None]).solution[:, 0]
     for _ in range(300):
         levels = a @ coef
-        mass, first = _cell_moments(d, levels)
-        centroid = torch.where(mass > 0, first / mass.clamp(min=1e-300), levels)
-        root = mass.sqrt()[:, None]
+        centroid = _centroids(d, levels)
+        root = _cell_moments(d, levels)[0].sqrt()[:, None]
         coef = torch.linalg.lstsq(a * root, centroid[:, None] * root).solution[:, 0]
     return tuple(coef.tolist())
 

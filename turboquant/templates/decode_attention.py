@@ -397,12 +397,14 @@ def _polynomial_asm(lut, s):
     asm += (f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; mov.b32 w, 0x1C001C00; "
             "mov.b32 k, 0xC500C500; fma.rn.f16x2 u, x, w, k; mul.rn.f16x2 w, u, u; ")
     top = len(coefs) - 1
-    if top == 0:
-        return asm + "mul.rn.f16x2 $0, c0, u; }"
-    asm += f"fma.rn.f16x2 p, c{top}, w, c{top - 1}; "
-    for i in range(top - 2, -1, -1):
-        asm += f"fma.rn.f16x2 p, p, w, c{i}; "
-    return asm + "mul.rn.f16x2 $0, p, u; }"
+    horner = "".join(f"fma.rn.f16x2 p, p, w, c{i}; " for i in reversed(range(top)))
+    return asm + f"mov.b32 p, c{top}; " + horner + "mul.rn.f16x2 $0, p, u; }"
+
+
+def _computed_levels(spec: TensorQuantSpec) -> bool:
+    """Whether a spec's levels are a polynomial's values, which the kernel can compute from the code
+    (:func:`_polynomial_asm`; turbo 8-bit) rather than look up."""
+    return spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS
 
 
 def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:
@@ -514,7 +516,7 @@ def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: O
     defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering spec, with its
     table words; the level polynomial for a polynomial one (:func:`_polynomial_asm`, unless
     ``polynomial_levels`` is False: then the table's gather)."""
-    if spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS:
+    if _computed_levels(spec):
         return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
     if not _gathers(spec):
         return ""
@@ -1352,13 +1354,10 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
     entries is shuffles and selects, not a shared-memory load). A tile of more than 16 rows (5–8 query
     positions) keeps four warps: its accumulators would not fit one warp's registers."""
-    if rows > 16:
+    computed = [_computed_levels(s) for s in (k_spec, v_spec)]
+    if rows > 16 or (any(computed) and not polynomial_levels):
         return False
-    turbo8 = [_turbo8(s) for s in (k_spec, v_spec)]
-    if any(turbo8) and not polynomial_levels:
-        return False
-    return all(turbo8) or (S >= LONG_CACHE_KEYS and all(s.method == "affine" or s.bits <= 4 or t
-                                                          for s, t in zip((k_spec, v_spec), turbo8)))
+    return all(computed) or S >= LONG_CACHE_KEYS
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
