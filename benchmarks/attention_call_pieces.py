@@ -46,7 +46,7 @@ def _pieces(q, kc, vc, mask, D):
     import turboquant.templates.decode_attention as kernel
 
     plan = next(reversed(kernel._PLANS.values()))
-    tuning = (None,) * 4 + (8,) + (None,) * 8
+    tuning = kernel._tuning()  # the defaults, as the call passes them
     kcodes, kmeta, vcodes, vmeta, ks, vs = kc.codes, kc.meta, vc.codes, vc.meta, kc.spec, vc.spec
 
     def key():

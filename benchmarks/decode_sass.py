@@ -35,7 +35,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler.compiler import ASTSource  # noqa: E402
 
-from turboquant import KVQuantConfig, quantize_kv  # noqa: E402
+from turboquant import KVQuantConfig  # noqa: E402
+from turboquant.cache import QuantizedCacheTensor  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
@@ -53,15 +54,14 @@ def _tool(name: str) -> str:
 def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning):
     """SASS text and resource line of the split kernel a call of this shape would launch on a GPU of
     ``sms`` multiprocessors."""
-    cfg = KVQuantConfig(method=method, bits=bits)
-    small = quantize_kv(torch.randn(1, 1, 4, D), cfg)
+    spec = KVQuantConfig(method=method, bits=bits).spec("k")
+    small = QuantizedCacheTensor.empty((1, 1, 4, D), spec)  # the rows as a cache stores them
     q = torch.zeros(B, HKV * G, L, D, dtype=torch.bfloat16)
     codes = torch.zeros(B, HKV, S, small.codes.shape[-1], dtype=small.codes.dtype)
-    meta = small.meta.flatten(-2) if method == "affine" else small.meta
-    meta = torch.zeros(B, HKV, S, meta.shape[-1], dtype=meta.dtype)
+    meta = torch.zeros(B, HKV, S, small.meta.shape[-1], dtype=small.meta.dtype)
     cpu_sms, da.CPU_PLAN_MULTIPROCESSORS = da.CPU_PLAN_MULTIPROCESSORS, sms  # the GPU's geometry, not the tests'
     try:
-        plan = da._make_plan(q, codes, meta, codes, meta, small.spec, small.spec, None, False, 0.0, 0, D ** -0.5,
+        plan = da._make_plan(q, codes, meta, codes, meta, spec, spec, None, False, 0.0, 0, D ** -0.5,
                              da._tuning(use_asm=True, **tuning), True)
     finally:
         da.CPU_PLAN_MULTIPROCESSORS = cpu_sms
@@ -138,6 +138,8 @@ def main(argv=None):
                    help="turbo centroids by warp shuffles from a per-lane table register (default: the plan's)")
     p.add_argument("--polynomial-levels", action=argparse.BooleanOptionalAction, default=None,
                    help="8-bit turbo levels computed from the code (default), or gathered from their table")
+    p.add_argument("--constant-rows", action=argparse.BooleanOptionalAction, default=None,
+                   help="row strides compiled in and affine metadata a word a pair (default), or run-time strides")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
@@ -145,7 +147,8 @@ def main(argv=None):
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
-        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels)
+        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
+        constant_rows=a.constant_rows)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

@@ -121,6 +121,40 @@ def test_code_rows_inside_wider_rows(method, bits):
         assert _rel(out, reference_attention(q, kq, vq)) < TOL
 
 
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("bits", [8, 4, 3])
+@pytest.mark.parametrize("layout", ["cache", "gaps", "run-time"])
+def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layout):
+    """The buffers a cache holds: rows back to back, whose strides the kernel compiles in
+    (``dense_row_stride``), affine (scale, zero) pairs as one integer word a row, read one load a pair
+    (``metadata_pairs``); the same rows each followed by another tensor's element (run-time strides);
+    and the cache's rows read as before either (``constant_rows=False``)."""
+    from turboquant.cache import QuantizedCacheTensor
+    from turboquant.templates import decode_attention as da
+
+    gen = torch.Generator().manual_seed(bits + 10 * len(layout))
+    B, hkv, g, S, D = 2, 2, 4, 37, 64
+    cfg = KVQuantConfig(method=method, bits=bits)
+    q = torch.randn(B, hkv * g, 1, D, generator=gen).to(DEVICE)
+    k, v = (torch.randn(B, hkv, S, D, generator=gen).to(DEVICE) for _ in range(2))
+    kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(v, cfg.spec("v"))
+
+    def with_gaps(t):  # the same rows, each followed by a 16-bit word's worth of another tensor's elements
+        extra = max(1, 2 // t.element_size())
+        buf = torch.full((*t.shape[:-1], t.shape[-1] + extra), 0x5A, dtype=t.dtype, device=t.device)
+        buf[..., : t.shape[-1]] = t
+        return buf[..., : t.shape[-1]]
+
+    buffers = [with_gaps(t) if layout == "gaps" else t for t in (kc.codes, kc.meta, vc.codes, vc.meta)]
+    launch = {"constant_rows": False} if layout == "run-time" else {}
+    plan = da._make_plan(q, *buffers, kc.spec, vc.spec, None, False, 0.0, 0, D ** -0.5, da._tuning(**launch), False)
+    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    assert all((consts[c] > 0) == (layout == "cache") for c in ("KC_ROW", "KM_ROW", "VC_ROW", "VM_ROW"))
+    assert consts["K_PAIR"] == consts["V_PAIR"] == (method == "affine" and layout != "run-time")
+    out = decode_attention(q, *buffers, kc.spec, vc.spec, D, block_n=16 if DEVICE == "cpu" else 128, **launch)
+    assert _rel(out, reference_attention(q, quantize_kv(k, cfg), quantize_kv(v, cfg, role="v"))) < TOL
+
+
 def test_code_alignment_is_what_every_stride_is_a_multiple_of():
     from turboquant.templates import decode_attention as da
 

@@ -46,7 +46,7 @@ from .. import compat
 from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import POLYNOMIAL_LEVELS, level_polynomial, turbo_centroids
-from .buffers import TL_DTYPES, interpreted, meta_dtype, strides_as
+from .buffers import TL_DTYPES, dense_row_stride, interpreted, meta_dtype, metadata_pairs, strides_as
 
 __all__ = ["decode_attention", "supports", "unsupported"]
 
@@ -834,6 +834,8 @@ def _decode_split_kernel(
     V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
     ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
+    KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
+    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -906,6 +908,8 @@ def _decode_split_kernel(
     vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
     stride_kcb, stride_kch, stride_kcs = _aligned(stride_kcb, stride_kch, stride_kcs, K_ALIGN)
     stride_vcb, stride_vch, stride_vcs = _aligned(stride_vcb, stride_vch, stride_vcs, V_ALIGN)
+    stride_kcs, stride_kms = _row_stride(stride_kcs, KC_ROW), _row_stride(stride_kms, KM_ROW)
+    stride_vcs, stride_vms = _row_stride(stride_vcs, VC_ROW), _row_stride(stride_vms, VM_ROW)
     kc_base = kc_ptr + b * stride_kcb + h * stride_kch
     vc_base = vc_ptr + b * stride_vcb + h * stride_vch
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
@@ -919,7 +923,8 @@ def _decode_split_kernel(
     if ROTATE:
         first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
     k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + first * BLOCK_N + tl.arange(0, BLOCK_N),
-                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO)
+                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO, K_META, V_META,
+                                                   K_PAIR, V_PAIR)
     # blocks per split: an argument for one-warp programs, a constant for four-warp ones and under
     # the interpreter (_make_plan); named inside range(), since the interpreter turns a constant
     # assigned to a variable into an array as well
@@ -938,7 +943,7 @@ def _decode_split_kernel(
         # waited the full memory latency, 24% of affine 4-bit's and 48% of 8-bit's issue cycles at 32K
         # (ncu long-scoreboard stalls, H200, one-warp programs)
         next_meta = _block_meta(km_base, vm_base, start + j_next * BLOCK_N + tl.arange(0, BLOCK_N), S, stride_kms,
-                                stride_vms, K_TURBO, V_TURBO)
+                                stride_vms, K_TURBO, V_TURBO, K_META, V_META, K_PAIR, V_PAIR)
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
@@ -1073,6 +1078,16 @@ def _aligned(sb, sh, ss, ALIGN: tl.constexpr):
         sh = (sh // ALIGN) * ALIGN
         ss = (ss // ALIGN) * ALIGN
     return sb, sh, ss
+
+
+@triton.jit
+def _row_stride(stride, ROW: tl.constexpr):
+    """A row stride as the constant ``ROW`` where the launcher knows it (:func:`_row_constants`; else 0).
+    Each key's load address is then the block's base plus a constant, where a run-time stride took a
+    64-bit multiply and add per row."""
+    if ROW > 0:
+        stride = ROW
+    return stride
 
 
 @triton.jit
@@ -1227,17 +1242,34 @@ def _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, NG: tl.c
 
 
 @triton.jit
-def _block_meta(km_base, vm_base, n, S, stride_kms, stride_vms, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr):
+def _block_meta(km_base, vm_base, n, S, stride_kms, stride_vms, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
+                K_META: tl.constexpr, V_META: tl.constexpr, K_PAIR: tl.constexpr, V_PAIR: tl.constexpr):
     """Keys ``n``'s metadata as stored: K scale (turbo: norm), K zero point, V scale (norm), V zero
     point; a turbo row has no zero point (its norm stands in, unread)."""
     n_ok = n < S
-    k_row = km_base + n.to(tl.int64) * stride_kms
-    v_row = vm_base + n.to(tl.int64) * stride_vms
-    k_scale = tl.load(k_row, mask=n_ok, other=0.0)
-    v_scale = tl.load(v_row, mask=n_ok, other=0.0)
-    k_zero = k_scale if K_TURBO else tl.load(k_row + 1, mask=n_ok, other=0.0)
-    v_zero = v_scale if V_TURBO else tl.load(v_row + 1, mask=n_ok, other=0.0)
+    k_scale, k_zero = _scale_zero(km_base + n.to(tl.int64) * stride_kms, n_ok, K_TURBO, K_META, K_PAIR)
+    v_scale, v_zero = _scale_zero(vm_base + n.to(tl.int64) * stride_vms, n_ok, V_TURBO, V_META, V_PAIR)
     return k_scale, k_zero, v_scale, v_zero
+
+
+@triton.jit
+def _scale_zero(row, n_ok, TURBO: tl.constexpr, META: tl.constexpr, PAIR: tl.constexpr):
+    """One key's scale and zero point from its metadata row (turbo: the norm, twice). ``PAIR``: the row
+    is the integer word that holds the pair (:func:`turboquant.quant.affine.metadata_word`), read in
+    one load."""
+    if PAIR:
+        if META.primitive_bitwidth == 16:
+            w = tl.load(row.to(tl.pointer_type(tl.int32)), mask=n_ok, other=0)
+            scale = w.to(tl.int16).to(META, bitcast=True)
+            zero = (w >> 16).to(tl.int16).to(META, bitcast=True)
+        else:
+            w = tl.load(row.to(tl.pointer_type(tl.int64)), mask=n_ok, other=0)
+            scale = w.to(tl.int32).to(META, bitcast=True)
+            zero = (w >> 32).to(tl.int32).to(META, bitcast=True)
+    else:
+        scale = tl.load(row, mask=n_ok, other=0.0)
+        zero = scale if TURBO else tl.load(row + 1, mask=n_ok, other=0.0)
+    return scale, zero
 
 
 @triton.jit
@@ -1462,6 +1494,23 @@ def _code_alignment(strides: tuple, word: torch.dtype) -> int:
     return align
 
 
+def _row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
+                   on: bool) -> dict:
+    """The split kernel's row constants: each buffer's row stride where its rows lie back to back
+    (:func:`~turboquant.templates.buffers.dense_row_stride`, :func:`_row_stride`; 0 = read at run time) and
+    whether affine metadata comes as (scale, zero) words (:func:`~turboquant.templates.buffers.metadata_pairs`,
+    :func:`_scale_zero`). A cache's own buffers are both. sm_90 SASS of the loop, warp instructions per key
+    at 32K, head_dim 128, run-time strides and half loads → these (``benchmarks/decode_sass.py METHOD BITS``):
+    affine 8 / 4 / 3 / 2-bit 25.31 / 16.09 / 21.73 / 14.56 → 22.28 / 14.34 / 20.80 / 13.42, turbo 47.94 /
+    30.94 / 36.92 / 29.36 → 44.84 / 28.25 / 35.84 / 27.52; metadata loads a block halve for affine. Not
+    timed yet (no GPU when written)."""
+    if not on:
+        return dict(KC_ROW=0, KM_ROW=0, VC_ROW=0, VM_ROW=0, K_PAIR=False, V_PAIR=False)
+    return dict(KC_ROW=dense_row_stride(k_codes, k_word), KM_ROW=dense_row_stride(k_meta, k_meta_t),
+                VC_ROW=dense_row_stride(v_codes, v_word), VM_ROW=dense_row_stride(v_meta, v_meta_t),
+                K_PAIR=metadata_pairs(k_meta, k_spec), V_PAIR=metadata_pairs(v_meta, v_spec))
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -1590,7 +1639,8 @@ class _Plan:
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None)
+                        plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None,
+                        constant_rows=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -1604,7 +1654,7 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -1701,7 +1751,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # take as a loop bound: there the bound is a constant too
         FIXED_BLOCKS=split_blocks if fixed_blocks or interpreted(q) else 0,
         K_LUT=luts[0], V_LUT=luts[1],
-        K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word))
+        K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word),
+        **_row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
+                         constant_rows is not False))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1725,7 +1777,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
-                     polynomial_levels: Optional[bool] = None) -> torch.Tensor:
+                     polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1751,6 +1803,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     default for affine values on long splits without row groups, :func:`_block_sums`).
     ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`_lookup`) where
     by default a GPU computes them from the code (:func:`_polynomial_asm`; the same fp16 numbers).
+    ``constant_rows``: False reads every row by its run-time stride and affine metadata a half at a time,
+    where by default rows back to back have their stride compiled in and (scale, zero) words are read
+    one load a pair (:func:`_row_constants`; the same numbers).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1758,7 +1813,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels)
+              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q
