@@ -1004,13 +1004,13 @@ def _decode_split_kernel(
             z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR), axis=1)
         # group r's probabilities meet sub-block r's values; the other groups' rows are zeros there
         a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
-            pv if NG == 1 else tl.where(grp[:, None] == 0, pv, 0.0), vc_base, blk, S, stride_vcs,
+            pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
             a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
             a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
             vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
-                tl.where(grp[:, None] == r, pv, 0.0), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
+                _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
                 a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
@@ -1206,6 +1206,21 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
         a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
         a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
     return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _group_rows(pv, grp, r, USE_ASM: tl.constexpr):
+    """``pv`` on row group ``r``'s rows, zeros on the others. On the GPU an ``and`` with a row mask per two
+    values: ``tl.where`` on fp16 selected each value apart and packed the pairs again (sm_90 SASS of the
+    loop at 32K, affine 4 / 3 / 2-bit 14.34 / 20.80 / 13.42 → 13.97 / 20.25 / 13.08 warp instructions per
+    key; not timed)."""
+    if USE_ASM:
+        keep = tl.broadcast_to(tl.where(grp[:, None] == r, -1, 0).to(tl.int16), pv.shape)
+        pv = tl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r", [pv, keep], dtype=tl.float16,
+                                       is_pure=True, pack=2)
+    else:
+        pv = tl.where(grp[:, None] == r, pv, 0.0)
+    return pv
 
 
 @triton.jit
