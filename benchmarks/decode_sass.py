@@ -38,6 +38,7 @@ from triton.compiler.compiler import ASTSource  # noqa: E402
 from turboquant import KVQuantConfig  # noqa: E402
 from turboquant.cache import QuantizedCacheTensor  # noqa: E402
 from turboquant.reporting import write_csv  # noqa: E402
+from turboquant.templates import code_operands as co  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
 COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard",
@@ -158,7 +159,7 @@ def main(argv=None):
     block_n = consts["BLOCK_N"]
     n_parts, split_blocks = tail[1], tail[2]  # the launch's S, n_parts, split_blocks, ...
     split_keys = min(split_blocks * block_n, a.S)
-    lookup = da._lut_kind.fn(consts["K_LUT"]) or ("gather" if a.method == "turbo" else "")
+    lookup = co._lut_kind.fn(consts["K_LUT"]) or ("gather" if a.method == "turbo" else "")
     row = dict(method=a.method, bits=a.bits, S=a.S, head_dim=a.head_dim, gqa=a.gqa, num_splits=n_parts,
                program_per_key=round(total / split_keys, 2), lookup=lookup,
                plane_hadamard=consts["K_PLANE_H"], instructions=total,

@@ -8,10 +8,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from turboquant import KVQuantConfig, compat, dequantize_kv, quantize_kv, reference_attention
+from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
 from turboquant.testing import KERNEL_REL_TOL
 
 pytest.importorskip("triton")
+from turboquant.templates import code_operands as co  # noqa: E402
 from turboquant.templates.decode_attention import MAX_TILE_ROWS, decode_attention, supports  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -273,11 +274,9 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
 def _turbo_lut(kind: str, bits: int, D: int):
     """The decode kernel's ``LUT`` constexpr of a turbo spec for lookups of ``kind`` (``prmt``/``shfl``),
     and the fp16 bits of its centroids."""
-    from turboquant.templates import decode_attention as da
-
     spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
-    table = [b & 0xFFFF for b in da._centroids_fp16(D, bits).view(torch.int16).tolist()]
-    return f"{kind}:{da._register_lut_words(spec, D)}", table
+    table = [b & 0xFFFF for b in co._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    return f"{kind}:{co._register_lut_words(spec, D)}", table
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])
@@ -286,17 +285,16 @@ def test_register_lut_permutes_give_the_fp16_centroids(bits, D):
     """The PTX of ``register_lut`` (GPU only) against the table: each of two lanes becomes the fp16
     bits of its code's centroid; 2/4-bit codes are cut from plane ``s`` of the row words here, 3-bit
     ones come in place in the lanes of ``_field3_lanes``."""
-    from turboquant.templates import decode_attention as da
 
     words, table = _turbo_lut("prmt", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits, D * bits // 8)):
-        asm = da._register_lut_asm.fn(bits, words, s)
+    for s in range(co._planes(bits, D * bits // 8)):
+        asm = co._register_lut_asm.fn(bits, words, s)
         for _ in range(100):
             w = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
             if bits == 3:  # lanes of _field3_lanes: the code in place, nothing else
-                w = [(x & 7) << da._field3_shift.fn(s) for x in w]
-                codes = [x >> da._field3_shift.fn(s) for x in w]
+                w = [(x & 7) << co._field3_shift.fn(s) for x in w]
+                codes = [x >> co._field3_shift.fn(s) for x in w]
             else:
                 codes = [(x >> (bits * s)) & ((1 << bits) - 1) for x in w]
             out = _run_ptx(asm, [w[0] | w[1] << 16], first_input=1)[0]
@@ -310,12 +308,11 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
     codes of plane ``s`` become their centroids' fp16 bits, whatever the bits beside the field (the
     shuffle reads five bits of its lane operand and the table repeats every 2^bits lanes). 2/4-bit:
     two int16 row words per lane; 3-bit: four bytes of each of the three byte planes."""
-    from turboquant.templates import decode_attention as da
 
     lut, table = _turbo_lut("shfl", bits, D)
     gen = torch.Generator().manual_seed(bits * D)
-    for s in range(da._planes(bits, D * bits // 8)):
-        asm = da._shuffle_lut_asm.fn(bits, lut, s)
+    for s in range(co._planes(bits, D * bits // 8)):
+        asm = co._shuffle_lut_asm.fn(bits, lut, s)
         for _ in range(20):
             if bits == 3:  # byte planes: lane l's word k is b0[l][k] | b1[l][k] << 8 | b2[l][k] << 16
                 planes = torch.randint(0, 256, (3, 32, 4), generator=gen).tolist()
@@ -342,11 +339,11 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(D):
 
     spec = KVQuantConfig(method="turbo", bits=8).spec("k")
     lut = da._lut_constexpr(spec, D, True, None, None, None)
-    assert lut == f"poly:{da._polynomial_words(spec, D)}" and len(lut.split(",")) == 4
-    table = [b & 0xFFFF for b in da._centroids_fp16(D, 8).view(torch.int16).tolist()]
+    assert lut == f"poly:{co._polynomial_words(spec, D)}" and len(lut.split(",")) == 4
+    table = [b & 0xFFFF for b in co._centroids_fp16(D, 8).view(torch.int16).tolist()]
     gen = torch.Generator().manual_seed(D)
-    for s in range(da._planes(8, D)):
-        asm = da._polynomial_asm.fn(lut, s)
+    for s in range(co._planes(8, D)):
+        asm = co._polynomial_asm.fn(lut, s)
         for k in range(0, 256, 2):
             other = torch.randint(0, 256, (2,), generator=gen).tolist()
             w = [(k << 8 * s) | (other[0] << 8 * (1 - s)), ((k + 1) << 8 * s) | (other[1] << 8 * (1 - s))]
@@ -358,13 +355,12 @@ def test_lookup_defaults_where_they_were_faster():
     # by default: 3- and 4-bit turbo codes by warp shuffles, 2-bit ones by byte permutes, at every
     # length; without the shuffles, 3-bit codes take the permutes in four-warp programs (short
     # caches) and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
-    from turboquant.templates import decode_attention as da
 
     # 8-bit levels come from their polynomial unless polynomial_levels=False (then the gather)
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
-        poly = f"poly:{da._polynomial_words(cfg.spec('k'), 128)}" if bits == 8 else ""
-        words = da._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
+        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits == 8 else ""
+        words = co._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
@@ -427,7 +423,6 @@ def test_block_sums_default_to_long_affine_splits_without_row_groups():
 def test_3bit_lane_permutes_put_each_code_in_place():
     """The PTX of the 3-bit planes (GPU only) against the layout: lane k of plane s holds
     ``code · 2^(3s mod 8)``, the code of dim ``8t + s`` of word k (bytes ``b0 | b1 << 8 | b2 << 16``)."""
-    from turboquant.templates import decode_attention as da
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -436,12 +431,12 @@ def test_3bit_lane_permutes_put_each_code_in_place():
         for s in range(8):
             shift = (3 * s) % 8
             lo = (3 * s) // 8
-            asm = (da._pair3_asm.fn(7 << shift) if shift > 5 else da._byte3_asm.fn(7 << shift))
+            asm = (co._pair3_asm.fn(7 << shift) if shift > 5 else co._byte3_asm.fn(7 << shift))
             out = _run_ptx(asm, regs[lo:lo + 2] if shift > 5 else regs[lo:lo + 1])
             lanes = [out[k // 2] >> (16 * (k % 2)) & 0xFFFF for k in range(4)]
             words = [planes[0][k] | planes[1][k] << 8 | planes[2][k] << 16 for k in range(4)]
             assert lanes == [((w >> (3 * s)) & 7) << shift for w in words], s
-            assert da._field_unit.fn(3, False, s) == 2.0 ** (shift - 24)
+            assert co._field_unit.fn(3, False, s) == 2.0 ** (shift - 24)
 
 
 def test_supports_names_what_it_leaves_to_the_fallback():
@@ -863,7 +858,6 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
     from turboquant.quant import turbo
     from turboquant.quant.rotation import rotation_matrix
     from turboquant.quant.turbo import turbo_centroids
-    from turboquant.templates.decode_attention import _centroids_fp16
 
     S = 8193
     gen = torch.Generator().manual_seed(S + D)
@@ -873,13 +867,13 @@ def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
     cfg = KVQuantConfig(method="turbo", bits=4, k_bits=bits[0], v_bits=bits[1])
     kq, vq = quantize_kv(k, cfg), quantize_kv(v, cfg, role="v")
     for x in (kq, vq):  # what the kernel's table holds is what the codes mean
-        assert torch.equal(_centroids_fp16(D, x.spec.bits).double(), turbo_centroids(D, x.spec.bits))
+        assert torch.equal(co._centroids_fp16(D, x.spec.bits).double(), turbo_centroids(D, x.spec.bits))
     m = torch.ones(3, 1, 1, S, dtype=torch.bool)
     m[0, ..., : S // 3] = False
     ref = reference_attention(q, kq, vq, attn_mask=m)
     r = rotation_matrix(D, kq.spec.seed, dtype=torch.float64)
     q_seen = (q.double() @ r.T).to(torch.float16).double() @ r  # the kernel rotates q, then rounds to fp16
-    tables = {b: _centroids_fp16(D, b) for b in set(bits)}  # the codes decoded through the kernel's tables
+    tables = {b: co._centroids_fp16(D, b) for b in set(bits)}  # the codes decoded through the kernel's tables
     monkeypatch.setattr(turbo, "turbo_centroids", lambda d, b, device=None, dtype=torch.float64: tables[b].to(dtype))
     out = reference_attention(q_seen, kq, vq, attn_mask=m).to(torch.bfloat16)
     assert _rel(out, ref) < TOL

@@ -3,7 +3,6 @@ reinterpret them as, strides in those units, and whether Triton runs interpreted
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch

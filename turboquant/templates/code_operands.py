@@ -1,0 +1,426 @@
+"""Packed K/V rows as the decode kernel's MMA operands (Triton).
+
+A packed row splits into *planes* (plane ``s`` holds the codes of dims ``planes·t + s``): 2/4/8-bit rows
+read as 16-bit words (rows of at most 16 bytes a byte per column), 3-bit rows as three byte planes.
+A 2/4/8-bit field masked in place inside its byte, read as fp16 bits, is the fp16 subnormal
+``field · 2^-24`` exactly (MMA keeps subnormal fp16 operands): one AND per two codes makes MMA
+operands, with no offset to fold away and no shift for the fields of the low byte; the field's
+place value (:func:`_field_unit`) is folded into the query (keys) or the output (values). 3-bit
+fields are in place likewise, in 16-bit lanes a byte plane makes with the next one. Turbo codes
+become their levels: centroid lookups (warp shuffles from a table held one entry per lane, byte
+permutes from a table in the instructions, or a gather) and 8-bit's level polynomial, as PTX the
+kernel inlines; the interpreter runs the same arithmetic in plain Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import TensorQuantSpec
+from ..quant.turbo import level_polynomial, turbo_centroids
+
+
+def _planes(bits: int, nbytes: int) -> int:
+    """Planes a packed row of ``nbytes`` splits into: plane ``s`` holds the codes of dims ``planes·t + s``.
+
+    2/4/8-bit rows are read as 16-bit words (``16 / bits`` codes each): the dot operand then has
+    the 16-bit layout (k-width 2), which keeps the query's MMA fragments in place; 8-bit
+    sources made Triton use k-width 4 and ptxas copied four query registers before every MMA.
+    Rows of at most 16 bytes are read a byte per column instead (:func:`_byte_cols`).
+    3-bit rows are read as 24-bit words from three byte planes (8 codes each).
+    """
+    if bits == 3:
+        return 8
+    return 8 * _code_word_bytes.fn(bits, nbytes) // bits
+
+
+@triton.constexpr_function
+def _byte_cols(bits, nbytes):
+    """Whether a 2/4/8-bit row is read one byte per plane column (``8 / bits`` planes), not one 16-bit word
+    (``16 / bits``): rows of at most 16 bytes (head_dim 64 at 2 bits). A plane of words would be
+    narrower than an MMA's 16-deep step, and padded to it: at head_dim 64, 2-bit rows made eight
+    planes of 8 columns padded to 16, as many MMAs and conversions per key as head_dim 128's.
+    In bytes, four planes of 16 columns: no padding. (Wider rows that still pad, 80 and 96 dims at 2
+    bits, pad as much either way, and their bytes cost more: 32K affine 2-bit 17.61 against 22.03 per
+    key at head_dim 80 in words and bytes.) The bytes widen to 16-bit lanes once per block,
+    and every plane reads them as it reads words' low bytes. sm_90 SASS of the loop, head_dim 64,
+    instructions per key, words → bytes (``benchmarks/decode_sass.py METHOD 2 --head-dim 64``): 32K affine
+    2-bit 14.64 → 13.02, turbo 2-bit 29.30 → 20.55 (MMAs a block 128 → 64). Not timed against words;
+    H200 figures with it: benchmarks/RESULTS.md, twenty-eighth session (head_dim 64)."""
+    return int(bits) != 3 and int(nbytes) <= 16
+
+
+@triton.constexpr_function
+def _code_word_bytes(bits, nbytes):
+    """Bytes of the unit a code row is read and strided in: 1 for 3-bit byte planes and
+    :func:`_byte_cols` rows (uint8), 2 for 16-bit words (int16)."""
+    return 1 if int(bits) == 3 or _byte_cols(bits, nbytes) else 2
+
+
+@triton.jit
+def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr):
+    """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits).
+
+    For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
+    ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
+    byte of an int16 lane, those of ``planes·t …``); for 3 bits (uint8) the 24-bit word ``t`` holds dims
+    ``8t … 8t + 7`` and its bytes lie byte-planar at ``t``, ``W + t``, ``2W + t``
+    (``W = NBYTES / 3`` words): three contiguous loads.
+    """
+    W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // _code_word_bytes(BITS, NBYTES)
+    t = tl.arange(0, PW)
+    ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
+    if BITS == 3:
+        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
+        b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
+        b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
+    else:
+        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
+        if _code_word_bytes(BITS, NBYTES) == 1:  # low bytes of int16 lanes (Triton widens four by two permutes)
+            b0 = b0.to(tl.int16)
+        b1 = b0
+        b2 = b0
+    return b0, b1, b2
+
+
+@triton.jit
+def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
+    """Integer codes of plane ``S`` from the row words of :func:`_load_row_bytes`."""
+    if BITS != 3:
+        # 8-bit codes widen to int32 (as load offsets of the former global-memory lookup, int16 ones
+        # ran turbo 8-bit 869 µs at 32K against 805, H200; not re-timed with the gather); ≤ 4-bit
+        # gather indices stay int16, two per register. The mask drops int16 sign bits.
+        w = b0.to(tl.int32) if BITS == 8 else b0
+        c = (w >> (BITS * S)) & ((1 << BITS) - 1)
+    else:
+        # int16 words (int32 ones: 73.2 instructions per key against 69.2, sm_90 SASS); turbo gathers
+        # in a layout of its own, where _field3_lanes' byte-packed permutes cost more (82.9)
+        w0 = b0.to(tl.int16)
+        w1 = b1.to(tl.int16)
+        w2 = b2.to(tl.int16)
+        if S == 0:
+            c = w0 & 7
+        elif S == 1:
+            c = (w0 >> 3) & 7
+        elif S == 2:
+            c = (w0 >> 6) | ((w1 & 1) << 2)
+        elif S == 3:
+            c = (w1 >> 1) & 7
+        elif S == 4:
+            c = (w1 >> 4) & 7
+        elif S == 5:
+            c = (w1 >> 7) | ((w2 & 3) << 1)
+        elif S == 6:
+            c = (w2 >> 2) & 7
+        else:
+            c = w2 >> 5
+    return c
+
+
+@triton.constexpr_function
+def _field_unit(bits, turbo, s):
+    """What one unit of plane ``s``'s fp16 value is worth: ``2^-24 · 2^(bits · (s mod planes per byte))``
+    for in-place fields (2/4/8-bit affine; 3-bit: ``2^-24 · 2^(3s mod 8)``), 1 for table values (turbo)."""
+    bits, s = int(bits), int(s)
+    if bool(turbo):
+        return 1.0
+    if bits == 3:  # in place in a 16-bit lane (_field3_lanes)
+        return 2.0 ** ((3 * s) % 8 - 24)
+    return 2.0 ** (bits * (s % (8 // bits)) - 24)
+
+
+@triton.constexpr_function
+def _field_mask(bits, s):
+    """Mask of plane ``s``'s field in a 16-bit word, within the byte it lies in."""
+    bits, s = int(bits), int(s)
+    return ((1 << bits) - 1) << (bits * (s % (8 // bits)))
+
+
+@triton.constexpr_function
+def _field_asm(mask):
+    """``and`` with a :func:`_field_mask` in both words of a register."""
+    return f"and.b32 $0, $1, {int(mask) * 0x00010001:#010x};"
+
+
+@triton.jit
+def _high_bytes(w):
+    """Each int16 word's high byte moved down, zeros above (one ``prmt`` per two words)."""
+    return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x4341;", "=r,r", [w], dtype=tl.int16, is_pure=True,
+                                     pack=2)
+
+
+@triton.jit
+def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp16 subnormals of plane ``S``'s fields of int16 words ``w``, in place (worth ``_field_unit``)."""
+    HIGH: tl.constexpr = S >= 8 // BITS  # the field lies in the word's high byte
+    MASK: tl.constexpr = _field_mask(BITS, S)
+    if USE_ASM:
+        src = _high_bytes(w) if HIGH else w
+        if BITS == 8 and HIGH:
+            vals = src.to(tl.float16, bitcast=True)
+        else:
+            ASM: tl.constexpr = _field_asm(MASK)
+            vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        word = w.to(tl.int32) & 0xFFFF
+        if HIGH:
+            word = word >> 8
+        vals = (word & MASK).to(tl.int16).to(tl.float16, bitcast=True)
+    return vals
+
+
+@triton.constexpr_function
+def _field3_shift(s):
+    """Where 3-bit plane ``s``'s field lies in the 16-bit lane of :func:`_field3_lanes`: the field
+    of dim ``8t + s`` starts at bit ``3s`` of the 24-bit word, i.e. at bit ``3s mod 8`` of byte
+    ``3s // 8``, the lane's low byte (its high byte is the next byte plane)."""
+    return (3 * int(s)) % 8
+
+
+@triton.constexpr_function
+def _byte3_asm(mask):
+    """Four bytes' fields masked in place, then spread into the low bytes of four 16-bit lanes."""
+    m = int(mask) * 0x01010101
+    return ("{ .reg .b32 t; and.b32 t, $2, " + f"{m:#010x}" + "; prmt.b32 $0, t, 0, 0x4140; "
+            "prmt.b32 $1, t, 0, 0x4342; }")
+
+
+@triton.constexpr_function
+def _pair3_asm(mask):
+    """Four lanes ``low byte | next plane's byte << 8`` (one permute per two), masked in place."""
+    m = int(mask) * 0x00010001
+    return ("{ prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362; "
+            f"and.b32 $0, $0, {m:#010x}; and.b32 $1, $1, {m:#010x}; " + "}")
+
+
+@triton.jit
+def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
+    """3-bit plane ``S``'s fields in place in int16 lanes (``code << _field3_shift(S)``): the lane is a
+    byte of the plane that holds the field's low bits, with the next byte plane above it, masked to
+    the field; a field inside one byte needs no high byte (planes 2 and 5 straddle two). Four codes
+    cost an AND and two permutes (two permutes and two ANDs for a straddling plane) on byte-packed
+    registers, where Triton's unpacking of each byte took three instructions per two codes."""
+    SHIFT: tl.constexpr = _field3_shift(S)
+    MASK: tl.constexpr = 7 << SHIFT
+    STRADDLES: tl.constexpr = SHIFT > 5
+    lo, hi = _field3_bytes(b0, b1, b2, S)
+    if USE_ASM:
+        if STRADDLES:
+            ASM2: tl.constexpr = _pair3_asm(MASK)
+            lanes = tl.inline_asm_elementwise(ASM2, "=r,=r,r,r", [lo, hi], dtype=tl.int16, is_pure=True, pack=4)
+        else:
+            ASM1: tl.constexpr = _byte3_asm(MASK)
+            lanes = tl.inline_asm_elementwise(ASM1, "=r,=r,r", [lo], dtype=tl.int16, is_pure=True, pack=4)
+    else:
+        lane = lo.to(tl.int32)
+        if STRADDLES:
+            lane = lane | (hi.to(tl.int32) << 8)
+        lanes = (lane & MASK).to(tl.int16)
+    return lanes
+
+
+@triton.jit
+def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, lut_ptr,
+                  USE_ASM: tl.constexpr, LUT: tl.constexpr):
+    """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
+    turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm`, :func:`_polynomial_asm` or
+    :func:`_register_lut_asm`; else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
+    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
+        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+        if BITS != 3:
+            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+        elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
+            lo, hi = _field3_bytes(b0, b1, b2, S)
+            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            lo, hi = _field3_bytes(b0, b1, b2, S)
+            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
+    elif TURBO and USE_ASM and _lut_kind(LUT) == "poly":
+        POLY: tl.constexpr = _polynomial_asm(LUT, S)
+        vals = tl.inline_asm_elementwise(POLY, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+    elif TURBO and USE_ASM and LUT != "":
+        ASM: tl.constexpr = _register_lut_asm(BITS, LUT, S)
+        src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
+        vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
+    elif TURBO:
+        vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
+    elif BITS == 3:  # fp16 subnormals in place
+        vals = _field3_lanes(b0, b1, b2, S, USE_ASM).to(tl.float16, bitcast=True)
+    else:
+        vals = _field_values(b0, S, BITS, USE_ASM)
+    return vals
+
+
+@triton.constexpr_function
+def _lut_kind(lut):
+    """How a turbo spec's codes become centroids in the kernel: ``LUT`` is ``""`` (:func:`_lookup`'s
+    gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`), ``"shfl:…"`` (warp shuffles,
+    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`', or
+    ``"poly:…"`` (the level polynomial, :func:`_polynomial_asm`; the words :func:`_polynomial_words`')."""
+    return str(lut).partition(":")[0]
+
+
+@triton.constexpr_function
+def _lut_words(lut):
+    return str(lut).partition(":")[2]
+
+
+@triton.constexpr_function
+def _shuffle_lut_asm(bits, lut, s):
+    """PTX for turbo codes to their fp16 centroids by warp shuffles: lane ``l`` holds entry
+    ``l mod 2^bits`` of the table (``T``, made from the table words by :func:`_register_lut_asm`'s
+    permutes on the lane's number: loop-invariant, ptxas hoists it), and a code's centroid is ``T`` of
+    the lane the code names. ``shfl.idx`` reads only bits 0–4 of its lane operand and the table repeats
+    every ``2^bits`` lanes, so a code needs no mask: one shift (none for a field at bit 0), one shuffle,
+    and a permute per two results to pack them. Against :func:`_lookup`'s gather, which Triton lowers
+    to the same shuffles (one-warp programs) or shared-memory loads (four warps) after a shift and a
+    mask per code, and a conversion and pack. The shuffles name every lane of the warp as a member: the
+    lookups are straight-line code of the loop, never under a branch some lanes skip.
+
+    2/4-bit (pack 2): ``$1`` two int16 row words, plane ``s``'s field at bit ``bits · s`` of each;
+    ``$0`` their two centroids. 3-bit (pack 4): ``$2`` four bytes of the byte plane that holds plane
+    ``s``'s low bits, the field at bit ``3s mod 8``; where it straddles into the next byte plane,
+    ``$3`` that plane's four bytes; ``$0``, ``$1`` the four centroids."""
+    bits, s = int(bits), int(s)
+    lane_code = f"mov.u32 v, %laneid; and.b32 v, v, {(1 << bits) - 1}; "
+    table = _register_lut_asm(bits, lut, 0, lane_code).replace("$0", "T")
+    head = table[: table.rindex("}")].replace("{ .reg .b32 ", "{ .reg .b32 T, i, r0, r1, r2, r3, ", 1)
+    shfl = "shfl.sync.idx.b32 r{0}, T, i, 0x1f, 0xffffffff; "
+    if bits != 3:
+        shift = bits * s
+        lo = f"shr.b32 i, $1, {shift}; " if shift else "mov.b32 i, $1; "
+        return (head + lo + shfl.format(0) + f"shr.b32 i, $1, {16 + shift}; " + shfl.format(1)
+                + "prmt.b32 $0, r0, r1, 0x5410; }")
+    shift = _field3_shift(s)
+    if shift > 5:  # 16-bit lanes: the byte, the next plane's byte above it
+        body = "prmt.b32 a, $2, $3, 0x5140; prmt.b32 b, $2, $3, 0x7362; "
+        srcs = [("a", shift), ("a", 16 + shift), ("b", shift), ("b", 16 + shift)]
+    else:
+        body = ""
+        srcs = [("$2", 8 * k + shift) for k in range(4)]
+    for r in range(4):
+        src, sh = srcs[r]
+        body += (f"shr.b32 i, {src}, {sh}; " if sh else f"mov.b32 i, {src}; ") + shfl.format(r)
+    return head + body + "prmt.b32 $0, r0, r1, 0x5410; prmt.b32 $1, r2, r3, 0x5410; }"
+
+
+@triton.constexpr_function
+def _polynomial_asm(lut, s):
+    """PTX for two 8-bit turbo codes to their fp16 levels computed from the code
+    (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`): ``$1`` two int16 row words, plane ``s``'s code
+    in byte ``s`` of each; ``$0`` the two levels. A permute puts each code ``k`` in the low byte of a
+    half and ``x·2 + 0x6401`` makes the half the fp16 number ``1025 + 2k``; ``u = x/256 − 5 =
+    (2k + 1)/256 − 1`` (exact), ``w = u·u``, Horner's rule over ``w`` from the top coefficient (one
+    ``fma`` each), times ``u``: the operations and roundings of :func:`~turboquant.quant.turbo._polynomial_levels`,
+    whose values the table holds (``.rn``: ptxas keeps every rounding). Eight instructions per two
+    codes, no memory: the 256-entry table was a shared-memory gather per code (:func:`_lookup`)."""
+    coefs = [int(x, 16) for x in _lut_words(lut).split(",")]
+    regs = "".join(f", c{i}" for i in range(len(coefs)))
+    sel = 0x4040 | (2 + int(s)) << 8 | int(s)  # byte s of each word to the low byte of its half, zero above
+    asm = "{ .reg .b32 x, u, w, p, k" + regs + "; " + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs))
+    asm += (f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; mov.b32 w, 0x1C001C00; "
+            "mov.b32 k, 0xC500C500; fma.rn.f16x2 u, x, w, k; mul.rn.f16x2 w, u, u; ")
+    top = len(coefs) - 1
+    horner = "".join(f"fma.rn.f16x2 p, p, w, c{i}; " for i in reversed(range(top)))
+    return asm + f"mov.b32 p, c{top}; " + horner + "mul.rn.f16x2 $0, p, u; }"
+
+
+def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:
+    """:func:`~turboquant.quant.turbo.level_polynomial`'s coefficients as ``fp16x2`` words (the
+    coefficient in both halves), lowest power first."""
+    half = torch.tensor(level_polynomial(d, spec.bits), dtype=torch.float16).view(torch.int16).to(torch.int32)
+    return ",".join(f"{(h & 0xFFFF) * 0x10001:#x}" for h in half.tolist())
+
+
+@triton.jit
+def _field3_bytes(b0, b1, b2, S: tl.constexpr):
+    """The byte plane that holds 3-bit plane ``S``'s low bits, and the next one (its fields' high bits
+    where they straddle): see :func:`_field3_shift`."""
+    if S < 3:
+        lo = b0
+        hi = b1
+    elif S < 6:
+        lo = b1
+        hi = b2
+    else:
+        lo = b2
+        hi = b2
+    return lo, hi
+
+
+@triton.constexpr_function
+def _register_lut_asm(bits, lut, s, codes=None):
+    """PTX for two turbo codes to their two fp16 centroids (``$0``) from a table held in the
+    instructions (``lut``: ``"prmt:"`` and :func:`_register_lut_words`), by byte permutes: no shared memory, where
+    :func:`_lookup`'s gather costs a shared-memory load (four warps) or a shuffle (one warp) per
+    code. ``$1``: two int16 row
+    words whose plane-``s`` fields are the codes (2/4-bit; cut out here, a permute, shift and AND
+    per two codes against Triton's shift and AND per code), or for 3 bits two lanes of
+    :func:`_field3_lanes` (the code in place at bit ``3s mod 8``). ``codes``: PTX that puts the codes in
+    ``v`` instead (:func:`_shuffle_lut_asm`'s lane number).
+
+    ``v`` holds the codes in bytes 0 and 1; ``v · 0x11`` repeats each in two nibbles, the selector
+    of two output bytes: a centroid's low byte from the low-byte registers, its high byte from the
+    high-byte ones. 2-bit: one permute over 4 entries (selector nibbles ``f, f + 4``); 3-bit: one per
+    byte half over 8 entries, merged; 4-bit: entries 0–7 and 8–15 apart, then each byte chosen by
+    the code's top bit (a permute's nibble with bit 3 set would sign-fill instead of select)."""
+    bits, s = int(bits), int(s)
+    w = [int(x, 16) for x in _lut_words(lut).split(",")]
+    movs = "".join(f"mov.b32 t{i}, {x:#010x}; " for i, x in enumerate(w))
+    head = "{ .reg .b32 v, s, a, b, c, e, t0, t1, t2, t3, t4, t5, t6, t7; " + movs
+    if codes is not None:  # PTX that leaves the codes in bytes 0 and 1 of v
+        head += str(codes)
+    elif bits == 3:  # fields masked in place: shifted down, bytes 0 and 2 are the codes
+        head += f"shr.b32 v, $1, {_field3_shift(s)}; prmt.b32 v, v, 0, 0x4420; "
+    else:  # the byte that holds the field, of each word, then the field
+        byte, shift = divmod(bits * s, 8)
+        head += f"prmt.b32 v, $1, 0, {0x4400 | (2 + byte) << 4 | byte:#06x}; "
+        if shift:
+            head += f"shr.b32 v, v, {shift}; "
+        head += f"and.b32 v, v, {((1 << bits) - 1) * 0x0101:#06x}; "
+    if bits == 2:  # t0: low bytes of entries 0-3, t1: high bytes; selector nibbles f, f + 4
+        return head + "mad.lo.u32 s, v, 17, 0x4040; prmt.b32 $0, t0, t1, s; }"
+    head += "mul.lo.u32 s, v, 17; "
+    if bits == 3:  # t0, t1: low bytes of entries 0-7; t2, t3: high bytes
+        body = ("prmt.b32 a, t0, t1, s; prmt.b32 b, t2, t3, s; "
+                "and.b32 a, a, 0x00FF00FF; and.b32 b, b, 0xFF00FF00; or.b32 $0, a, b; ")
+    else:  # t0-t3: low bytes of entries 0-15, t4-t7: high bytes
+        body = ("and.b32 e, s, 0x7777; shr.b32 c, s, 1; and.b32 c, c, 0x4444; or.b32 c, c, 0x3210; "
+                "prmt.b32 a, t0, t1, e; prmt.b32 b, t2, t3, e; prmt.b32 a, a, b, c; "
+                "prmt.b32 b, t4, t5, e; prmt.b32 e, t6, t7, e; prmt.b32 b, b, e, c; "
+                "and.b32 a, a, 0x00FF00FF; and.b32 b, b, 0xFF00FF00; or.b32 $0, a, b; ")
+    return head + body + "}"
+
+
+def _register_lut_words(spec: TensorQuantSpec, d: int) -> str:
+    """The fp16 centroid table of a ≤ 4-bit turbo spec as the words :func:`_register_lut_asm` moves
+    into registers: the entries' low bytes four to a word, then their high bytes."""
+    bits = _centroids_fp16(d, spec.bits).view(torch.int16).to(torch.int32).tolist()
+    lo = [b & 0xFF for b in bits]
+    hi = [(b >> 8) & 0xFF for b in bits]
+    word = lambda bs: sum(x << (8 * i) for i, x in enumerate(bs))  # noqa: E731
+    return ",".join(f"{word(bs[i:i + 4]):#x}" for bs in (lo, hi) for i in range(0, len(bs), 4))
+
+
+@triton.jit
+def _lookup(lut_ptr, codes, BITS: tl.constexpr):
+    """Centroid values (fp16) of turbo ``codes``, gathered from the fp16 table as one flat vector.
+
+    A 1-D ``tl.gather`` of four-warp programs lowers to loads from the table in shared memory (one
+    store of its 2^bits entries per call); a 16-entry table sits in 8 banks, so a warp's 32 lookups
+    are one conflict-free load. It replaced a global-memory gather for 8 bits (``LDGSTS`` per code,
+    the 256-entry table spread over L1 lines) and a ``tl.gather`` of the table broadcast to
+    ``[BLOCK_N, 2^bits]`` for ≤ 4 bits (a shared-memory store per code). H200, B=8, Hq=32, Hkv=8,
+    D=128, CUDA graph µs, before → after (nineteenth session, benchmarks/RESULTS.md): turbo 8-bit
+    812.6 → 410.2 at 32K (380.4 with three stages, now its default) and 30.16 → 25.51 at 1K; turbo
+    4-bit 288.2 → 264.6 and 17.25 → 16.88; turbo 3-bit one-warp 309.0 → 299.8 at 32K. One-warp
+    programs hold the table in the warp and gather by shuffles."""
+    lut = tl.load(lut_ptr + tl.arange(0, 1 << BITS))
+    flat = tl.reshape(codes, [codes.shape[0] * codes.shape[1]])
+    return tl.reshape(tl.gather(lut, flat, axis=0), [codes.shape[0], codes.shape[1]]).to(tl.float16)
+
+
+def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
+    return turbo_centroids(d, bits, device=device, dtype=torch.float16)  # fp16 numbers: exact, what the MMAs see

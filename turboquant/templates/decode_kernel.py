@@ -1,0 +1,529 @@
+"""The split-K decode kernel and the merge of its splits (Triton); the algorithm and the launch
+plan: :mod:`turboquant.templates.decode_attention`."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .code_operands import _code_word_bytes, _field_unit, _load_row_bytes, _plane_values
+from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_unscaled, _store_dense_back,
+                           _store_hadamard_back, _store_plane)
+
+
+LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is one instruction
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, kc_ptr, km_ptr, vc_ptr, vm_ptr, klut_ptr, vlut_ptr, krot_ptr, vrot_ptr, mask_ptr, ring_pos_ptr, out_ptr,
+    ws_ptr,
+    S, n_parts, split_blocks, sm_scale, softcap,
+    stride_qb, stride_qh, stride_ql,
+    stride_kcb, stride_kch, stride_kcs,
+    stride_kmb, stride_kmh, stride_kms,
+    stride_vcb, stride_vch, stride_vcs,
+    stride_vmb, stride_vmh, stride_vms,
+    stride_mb, stride_mh, stride_ml, stride_ms,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, M: tl.constexpr, D: tl.constexpr, DQ: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
+    K_NBYTES: tl.constexpr, V_NBYTES: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
+    KPW: tl.constexpr, VPW: tl.constexpr, USE_ASM: tl.constexpr, FINAL: tl.constexpr,
+    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    RING_W: tl.constexpr, K_META: tl.constexpr, V_META: tl.constexpr, K_HADAMARD: tl.constexpr,
+    V_HADAMARD: tl.constexpr, SKIP_RESCALE: tl.constexpr, NG: tl.constexpr, FIXED_BLOCKS: tl.constexpr,
+    ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
+    V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
+    KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
+    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr,
+):
+    # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
+    # matching strided query dims (keys), and the values accumulate into P strided output slices.
+    tl.static_assert(KP * KPW >= D)
+    tl.static_assert(VP * VPW >= D)
+    tl.static_assert(KPW >= 16)
+    tl.static_assert(VPW >= 16)
+    # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
+    # reinterpreting the pointers here spares a tensor view per buffer and call on the host
+    if _code_word_bytes(K_BITS, K_NBYTES) == 2:
+        kc_ptr = kc_ptr.to(tl.pointer_type(tl.int16))
+    if _code_word_bytes(V_BITS, V_NBYTES) == 2:
+        vc_ptr = vc_ptr.to(tl.pointer_type(tl.int16))
+    km_ptr = km_ptr.to(tl.pointer_type(K_META))
+    vm_ptr = vm_ptr.to(tl.pointer_type(V_META))
+    if MASK_BOOL:
+        mask_ptr = mask_ptr.to(tl.pointer_type(tl.uint8))
+    po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0) * (G * L), n_parts, VP * VPW)
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid_bh // HKV).to(tl.int64)
+    h = (pid_bh % HKV).to(tl.int64)
+
+    # NG row groups: the tile's TR query rows repeated NG times down the M rows of the MMA, group r
+    # reading keys r·SUB_N … of each block (key groups, see _row_groups)
+    TR: tl.constexpr = M // NG
+    SUB_N: tl.constexpr = BLOCK_N // NG
+    tl.static_assert(NG == 1 or SUB_N >= 16)
+    grp = tl.arange(0, M) // TR
+    rows = tl.program_id(2) * TR + tl.arange(0, M) % TR  # query rows (head-major, then position) of this tile
+    row_ok = rows < G * L
+    qh = h * G + rows // L
+    ql = rows % L
+    q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
+    if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D)
+    else:
+        q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
+        q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    # Σq (for the key zero points) in plain units, from the fp16 query the dots see
+    q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
+                   + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
+                   + _q_unscaled(q4, 4, K_BITS, K_TURBO) + _q_unscaled(q5, 5, K_BITS, K_TURBO)
+                   + _q_unscaled(q6, 6, K_BITS, K_TURBO) + _q_unscaled(q7, 7, K_BITS, K_TURBO), axis=1)
+
+    m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
+    l_i = tl.zeros([M], tl.float32)
+    a0 = tl.zeros([M, VPW], tl.float32)
+    a1 = tl.zeros([M, VPW], tl.float32)
+    a2 = tl.zeros([M, VPW], tl.float32)
+    a3 = tl.zeros([M, VPW], tl.float32)
+    a4 = tl.zeros([M, VPW], tl.float32)
+    a5 = tl.zeros([M, VPW], tl.float32)
+    a6 = tl.zeros([M, VPW], tl.float32)
+    a7 = tl.zeros([M, VPW], tl.float32)
+    z_acc = tl.zeros([M], tl.float32)
+    qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
+    K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
+    rz = tl.cast(S < 0, tl.float32)  # never true; see _plus_dot
+
+    start = split * (split_blocks * BLOCK_N)
+    km_base = km_ptr + b * stride_kmb + h * stride_kmh
+    vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
+    stride_kcb, stride_kch, stride_kcs = _aligned(stride_kcb, stride_kch, stride_kcs, K_ALIGN)
+    stride_vcb, stride_vch, stride_vcs = _aligned(stride_vcb, stride_vch, stride_vcs, V_ALIGN)
+    stride_kcs, stride_kms = _row_stride(stride_kcs, KC_ROW), _row_stride(stride_kms, KM_ROW)
+    stride_vcs, stride_vms = _row_stride(stride_vcs, VC_ROW), _row_stride(stride_vms, VM_ROW)
+    kc_base = kc_ptr + b * stride_kcb + h * stride_kch
+    vc_base = vc_ptr + b * stride_vcb + h * stride_vch
+    # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
+    kpos = _key_positions(start, grp, BLOCK_N, NG)
+    # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
+    # not care about order), so the programs of a wave do not all read at the same offset of their
+    # splits (at power-of-two lengths, multiples of 256 KB apart). H200, 32K, CUDA graph µs: turbo
+    # 3-bit 319.2 → 308.3, 2-bit 283.2 → 276.1, affine 8-bit 136.6 → 134.8; affine 4/3/2-bit within
+    # ±1.5% of either sign (benchmarks/RESULTS.md, fourteenth session)
+    first = 0
+    if ROTATE:
+        first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
+    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + first * BLOCK_N + tl.arange(0, BLOCK_N),
+                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO, K_META, V_META,
+                                                   K_PAIR, V_PAIR)
+    # blocks per split: an argument for one-warp programs, a constant for four-warp ones and under
+    # the interpreter (_make_plan); named inside range(), since the interpreter turns a constant
+    # assigned to a variable into an array as well
+    for i in range(FIXED_BLOCKS if FIXED_BLOCKS > 0 else split_blocks):
+        j = i
+        j_next = i + 1
+        if ROTATE:
+            j = i + first
+            j = tl.where(j >= split_blocks, j - split_blocks, j)
+            j_next = tl.where(j + 1 >= split_blocks, 0, j + 1)
+        blk = start + j * BLOCK_N
+        n = kpos + j * BLOCK_N
+        n64 = n.to(tl.int64)
+        # the next block's metadata is loaded a block ahead (the codes go through the pipeliner's
+        # shared-memory stages, these small loads do not): loaded in the block that reads them, each
+        # waited the full memory latency, 24% of affine 4-bit's and 48% of 8-bit's issue cycles at 32K
+        # (ncu long-scoreboard stalls, H200, one-warp programs)
+        next_meta = _block_meta(km_base, vm_base, start + j_next * BLOCK_N + tl.arange(0, BLOCK_N), S, stride_kms,
+                                stride_vms, K_TURBO, V_TURBO, K_META, V_META, K_PAIR, V_PAIR)
+
+        # ---- scores -------------------------------------------------------------------
+        dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT)
+        if K_TURBO:
+            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
+        else:
+            a_k = k_scale.to(tl.float32) * qk_scale
+            z_k = k_zero.to(tl.float32)
+            s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum[:, None] * _per_key(z_k * a_k, NG, TR)
+        if SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
+            s = s * LOG2E
+        # rows past G·L are padding (zero queries, never stored): only keys are masked
+        keep = _per_key(n < S, NG)
+        if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
+            keep = keep & (_per_key(n, NG) <= ql[:, None])
+        if HAS_MASK:
+            keep = keep & row_ok[:, None]
+            mptr = (mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml
+                    + _per_key(n64, NG) * stride_ms)
+            if MASK_BOOL:
+                keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
+            else:
+                s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
+        if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
+            held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n < S, other=-1) == n64
+            keep = keep & ~_per_key(held, NG)
+        s = tl.where(keep, s, float("-inf"))
+
+        # ---- online softmax (base 2) ------------------------------------------------------
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        if SKIP_RESCALE:
+            # the accumulators are rescaled only in blocks where some row's running max rose (a few
+            # blocks of a long split): the same arithmetic without multiplying by 1 everywhere else.
+            # One-warp programs only, where the test is a few shuffles; with four warps it is one
+            # more barrier per block. H200, 32K, CUDA graph: affine 8-bit 136.8 → 133.7 µs, 4-bit
+            # 91.2 → 88.1, 3-bit 104.9 → 101.9, 2-bit 78.0 → 79.2 (benchmarks/RESULTS.md)
+            # (four-warp programs rescale as the accumulators enter the value dots below, where
+            # this path's factor is 1: 4% fewer loop instructions for four-warp affine 2-bit than
+            # rescaling them here, sm_90 SASS)
+            if tl.max((m_new > m_i).to(tl.int32), axis=0) > 0:
+                l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _rescaled(
+                    tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP)
+            alpha = tl.full([M], 1.0, tl.float32)
+        else:
+            alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+
+        # ---- values -------------------------------------------------------------------------
+        pv = (p * _per_key(v_scale.to(tl.float32), NG, TR)).to(tl.float16)
+        if not V_TURBO:
+            # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
+            z_v = v_zero.to(tl.float32)
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR), axis=1)
+        # group r's probabilities meet sub-block r's values; the other groups' rows are zeros there
+        a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
+            pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
+            a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
+            a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
+            vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
+        for r in tl.static_range(1, NG):
+            a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
+                _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
+        k_scale, k_zero, v_scale, v_zero = next_meta
+
+    if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
+        m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4,
+                                                                             a5, a6, a7, NG, TR, VP)
+        rows = tl.program_id(2) * TR + tl.arange(0, TR)
+        row_ok = rows < G * L
+        qh = h * G + rows // L
+        ql = rows % L
+
+    W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
+    if FINAL:  # one split: normalise here, no partials
+        out_row = out_ptr + ((b * HKV * G + qh) * L + ql)[:, None] * D
+        inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)  # every key masked: 0, as the oracle
+        z_c = (z_acc * inv)[:, None]
+        inv = inv[:, None]
+    else:  # partials: [B, Hq, L, n_parts, VP·VPW] in natural dim order (a ring's part is the last)
+        prow = ((b * HKV * G + qh) * L + ql) * n_parts + split
+        out_row = po_ptr + prow[:, None] * (VP * VPW)
+        inv = tl.full([TR, 1], 1.0, tl.float32)
+        z_c = z_acc[:, None]
+        tl.store(pm_ptr + prow, m_i, mask=row_ok)
+        tl.store(pl_ptr + prow, l_i, mask=row_ok)
+    if V_TURBO:  # rotated back here, so every part leaves in the model's dims (the merge only adds)
+        # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
+        # lose a row of small values
+        c = tl.max(tl.abs(a0), axis=1)
+        if VP > 1:
+            c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
+        if VP > 2:
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
+        if VP > 4:
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
+            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
+        c = tl.where(c > 0, c, 1.0)[:, None]
+        if V_PLANE_H:
+            # S < 0 is never true, but the compiler cannot know: the in-plane matrix is made again
+            # here instead of being held through the loop
+            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, rz.to(tl.int32), vrot_ptr,
+                                 row_ok, VP, VPW, D)
+        else:
+            _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
+                              V_HADAMARD)
+    else:
+        _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)
+        if VP > 1:
+            _store_plane(out_row, a1 * (inv / _field_unit(V_BITS, V_TURBO, 1)) - z_c, 1, VP, VPW, row_ok, W_OUT)
+        if VP > 2:
+            _store_plane(out_row, a2 * (inv / _field_unit(V_BITS, V_TURBO, 2)) - z_c, 2, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a3 * (inv / _field_unit(V_BITS, V_TURBO, 3)) - z_c, 3, VP, VPW, row_ok, W_OUT)
+        if VP > 4:
+            _store_plane(out_row, a4 * (inv / _field_unit(V_BITS, V_TURBO, 4)) - z_c, 4, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a5 * (inv / _field_unit(V_BITS, V_TURBO, 5)) - z_c, 5, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a6 * (inv / _field_unit(V_BITS, V_TURBO, 6)) - z_c, 6, VP, VPW, row_ok, W_OUT)
+            _store_plane(out_row, a7 * (inv / _field_unit(V_BITS, V_TURBO, 7)) - z_c, 7, VP, VPW, row_ok, W_OUT)
+
+
+@triton.jit
+def _aligned(sb, sh, ss, ALIGN: tl.constexpr):
+    """Code strides as the multiples of ``ALIGN`` words they are (:func:`_code_alignment`): an identity
+    the compiler reads, where the JIT marks only multiples of 16."""
+    if ALIGN > 1:
+        sb = (sb // ALIGN) * ALIGN
+        sh = (sh // ALIGN) * ALIGN
+        ss = (ss // ALIGN) * ALIGN
+    return sb, sh, ss
+
+
+@triton.jit
+def _row_stride(stride, ROW: tl.constexpr):
+    """A row stride as the constant ``ROW`` where the launcher knows it (:func:`_row_constants`; else 0).
+    Each key's load address is then the block's base plus a constant, where a run-time stride took a
+    64-bit multiply and add per row."""
+    if ROW > 0:
+        stride = ROW
+    return stride
+
+
+@triton.jit
+def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexpr):
+    """The running sums of a split (normaliser, value zero-point sum, the ``VP`` used accumulators)
+    times ``alpha``, the drop of each row's running max (``2^(m_old − m_new)``)."""
+    a0 = a0 * alpha[:, None]
+    if VP > 1:
+        a1 = a1 * alpha[:, None]
+    if VP > 2:
+        a2 = a2 * alpha[:, None]
+        a3 = a3 * alpha[:, None]
+    if VP > 4:
+        a4 = a4 * alpha[:, None]
+        a5 = a5 * alpha[:, None]
+        a6 = a6 * alpha[:, None]
+        a7 = a7 * alpha[:, None]
+    return l_i * alpha, z_acc * alpha, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr):
+    """Positions of a block's keys as the scores hold them: ``[BLOCK_N]`` (one row group: every row
+    reads every key), or ``[M, BLOCK_N / NG]`` (row group ``r`` reads keys ``r · BLOCK_N / NG …``)."""
+    if NG == 1:
+        pos = start + tl.arange(0, BLOCK_N)
+    else:
+        SUB_N: tl.constexpr = BLOCK_N // NG
+        pos = start + grp[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    return pos
+
+
+@triton.jit
+def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
+    """A per-key quantity in the score tile's shape: broadcast over the rows if ``x`` has
+    :func:`_key_positions`' shape; a block's ``[BLOCK_N]`` laid out ``[M, BLOCK_N / NG]`` with
+    ``TR`` rows per group given."""
+    if NG == 1:
+        x = x[None, :]
+    elif len(x.shape) == 1:
+        SUB_N: tl.constexpr = x.shape[0] // NG
+        x = tl.reshape(tl.broadcast_to(tl.reshape(x, [NG, 1, SUB_N]), [NG, TR, SUB_N]), [NG * TR, SUB_N])
+    return x
+
+
+@triton.jit
+def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
+              NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
+              USE_ASM: tl.constexpr, LUT: tl.constexpr):
+    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
+    n = first + tl.arange(0, N)
+    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
+    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT)))
+    if KP > 1:
+        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+    if KP > 2:
+        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+    if KP > 4:
+        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+    return dots
+
+
+@triton.jit
+def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
+                TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
+                BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
+                LUT: tl.constexpr):
+    """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
+    (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
+    and the softmax then runs once for the block)."""
+    SUB_N: tl.constexpr = BLOCK_N // NG
+    dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
+                     klut_ptr, USE_ASM, LUT)
+    for r in tl.static_range(1, NG):
+        dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
+                                                     stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
+                                                     USE_ASM, LUT), dots)
+    return dots
+
+
+@triton.jit
+def _plus_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr):
+    """``acc + pv @ vals``. The MMA's fp32 accumulation truncates, a bias that grows with the number of
+    blocks summed into one accumulator; affine values cancel their zero point only at the end (sums
+    some 500 times the output at 32K keys), so there the bias showed: affine 8-bit 3.06e-3 from a
+    float64 attention at 32K against 1.68e-3 at 1K and for the widths with row groups (whose rows sum a
+    quarter of the blocks each). With ``BLOCK_SUMS`` each block's dot starts from zero and joins the
+    sum by an fp32 add, which rounds to nearest. ``rz``: a run-time 0, since Triton folds ``acc + dot(a,
+    b, 0)`` back into ``dot(a, b, acc)``."""
+    if BLOCK_SUMS:
+        return acc + tl.dot(pv, vals, tl.zeros_like(acc) + rz)
+    return tl.dot(pv, vals, acc)
+
+
+@triton.jit
+def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
+                TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
+                vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr):
+    """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
+    (:func:`_plus_dot`)."""
+    n = first + tl.arange(0, N)
+    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
+    a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
+    if VP > 1:
+        a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
+    if VP > 2:
+        a2 = _plus_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
+        a3 = _plus_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
+    if VP > 4:
+        a4 = _plus_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
+        a5 = _plus_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
+        a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
+        a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _group_rows(pv, grp, r, USE_ASM: tl.constexpr):
+    """``pv`` on row group ``r``'s rows, zeros on the others. On the GPU an ``and`` with a row mask per two
+    values: ``tl.where`` on fp16 selected each value apart and packed the pairs again (sm_90 SASS of the
+    loop at 32K, affine 4 / 3 / 2-bit 14.34 / 20.80 / 13.42 → 13.97 / 20.25 / 13.08 warp instructions per
+    key; not timed)."""
+    if USE_ASM:
+        keep = tl.broadcast_to(tl.where(grp[:, None] == r, -1, 0).to(tl.int16), pv.shape)
+        pv = tl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r", [pv, keep], dtype=tl.float16,
+                                       is_pure=True, pack=2)
+    else:
+        pv = tl.where(grp[:, None] == r, pv, 0.0)
+    return pv
+
+
+@triton.jit
+def _group_merge(x, w, NG: tl.constexpr, TR: tl.constexpr):
+    """``Σ_r w_r · x_r`` over the row groups of ``x [NG·TR, …]`` (weights per row): ``[TR, …]``."""
+    if len(x.shape) == 1:
+        y = tl.sum(tl.reshape(x * w, [NG, TR]), axis=0)
+    else:
+        y = tl.sum(tl.reshape(x * w[:, None], [NG, TR, x.shape[1]]), axis=0)
+    return y
+
+
+@triton.jit
+def _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, NG: tl.constexpr, TR: tl.constexpr,
+                       VP: tl.constexpr):
+    """The row groups' running max, normaliser, value zero-point sum and accumulators merged into each
+    query row's (log-sum-exp), as the merge kernel merges splits."""
+    m_row = tl.max(tl.reshape(m_i, [NG, TR]), axis=0)
+    m_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
+    m_b = tl.reshape(tl.broadcast_to(m_safe[None, :], [NG, TR]), [NG * TR])
+    w = tl.where(m_i == float("-inf"), 0.0, tl.exp2(m_i - m_b))
+    a0 = _group_merge(a0, w, NG, TR)
+    if VP > 1:
+        a1 = _group_merge(a1, w, NG, TR)
+    if VP > 2:
+        a2 = _group_merge(a2, w, NG, TR)
+        a3 = _group_merge(a3, w, NG, TR)
+    if VP > 4:
+        a4 = _group_merge(a4, w, NG, TR)
+        a5 = _group_merge(a5, w, NG, TR)
+        a6 = _group_merge(a6, w, NG, TR)
+        a7 = _group_merge(a7, w, NG, TR)
+    return m_row, _group_merge(l_i, w, NG, TR), _group_merge(z_acc, w, NG, TR), a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _block_meta(km_base, vm_base, n, S, stride_kms, stride_vms, K_TURBO: tl.constexpr, V_TURBO: tl.constexpr,
+                K_META: tl.constexpr, V_META: tl.constexpr, K_PAIR: tl.constexpr, V_PAIR: tl.constexpr):
+    """Keys ``n``'s metadata as stored: K scale (turbo: norm), K zero point, V scale (norm), V zero
+    point; a turbo row has no zero point (its norm stands in, unread)."""
+    n_ok = n < S
+    k_scale, k_zero = _scale_zero(km_base + n.to(tl.int64) * stride_kms, n_ok, K_TURBO, K_META, K_PAIR)
+    v_scale, v_zero = _scale_zero(vm_base + n.to(tl.int64) * stride_vms, n_ok, V_TURBO, V_META, V_PAIR)
+    return k_scale, k_zero, v_scale, v_zero
+
+
+@triton.jit
+def _scale_zero(row, n_ok, TURBO: tl.constexpr, META: tl.constexpr, PAIR: tl.constexpr):
+    """One key's scale and zero point from its metadata row (turbo: the norm, twice). ``PAIR``: the row
+    is the integer word that holds the pair (:func:`turboquant.quant.affine.metadata_word`), read in
+    one load."""
+    if PAIR:
+        if META.primitive_bitwidth == 16:
+            w = tl.load(row.to(tl.pointer_type(tl.int32)), mask=n_ok, other=0)
+            scale = w.to(tl.int16).to(META, bitcast=True)
+            zero = (w >> 16).to(tl.int16).to(META, bitcast=True)
+        else:
+            w = tl.load(row.to(tl.pointer_type(tl.int64)), mask=n_ok, other=0)
+            scale = w.to(tl.int32).to(META, bitcast=True)
+            zero = (w >> 32).to(tl.int32).to(META, bitcast=True)
+    else:
+        scale = tl.load(row, mask=n_ok, other=0.0)
+        zero = scale if TURBO else tl.load(row + 1, mask=n_ok, other=0.0)
+    return scale, zero
+
+
+@triton.jit
+def _workspace(ws_ptr, n_rows, n_parts, PO_W: tl.constexpr):
+    """The split kernel's partials in one allocation: outputs ``[rows, n_parts, PO_W]``, then the
+    running maxima and the normalisers ``[rows, n_parts]`` each (one allocation per call, not three)."""
+    n_rp = n_rows.to(tl.int64) * n_parts
+    pm_ptr = ws_ptr + n_rp * PO_W
+    return ws_ptr, pm_ptr, pm_ptr + n_rp
+
+
+@triton.jit
+def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_SPLITS: tl.constexpr):
+    """One output row from its splits' (max in log2 units, normaliser, unnormalised output in the
+    model's dims).
+
+    A kernel of its own, one program per row: merged by the split kernel's last program instead
+    (one launch), 32K affine 4-bit ran 152 µs against 117 (its registers crossed 128, one program
+    per SM fewer) and turbo 4-bit at 1K 27.6 against 20.8 (H200, 2026-12-01). Nor as a programmatic
+    dependent launch (the split kernel signalling at its start, the merge waiting at
+    ``griddepcontrol.wait``): H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, plain → dependent
+    (2026-12-05, ``benchmarks/results/session28_gpu/decode_variants_pdl_*.csv``): 1K affine 8 / 4 / 3 /
+    2-bit 8.65 → 13.20, 7.88 → 7.68, 10.03 → 10.05, 8.69 → 8.61, turbo 23.58 → 25.22, 11.68 → 13.04,
+    17.19 → 17.36, 12.59 → 14.37; 32K affine 4 / 3-bit 81.9 → 82.4, 96.6 → 98.3."""
+    po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, BLOCK_SPLITS)
+    sp_ok = sp < n_splits
+    m = tl.load(pm_ptr + row * n_splits + sp, mask=sp_ok, other=float("-inf"))
+    l = tl.load(pl_ptr + row * n_splits + sp, mask=sp_ok, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(sp_ok, tl.exp2(m - m_max), 0.0)
+    den = tl.sum(w * l, axis=0)
+    d = tl.arange(0, BLOCK_D)
+    o = tl.load(po_ptr + (row * n_splits + sp[:, None]) * PO_W + d[None, :], mask=sp_ok[:, None] & (d[None, :] < D),
+                other=0.0)
+    acc = tl.sum(w[:, None] * o, axis=0)
+    acc = acc / tl.where(den > 0, den, 1.0)  # every key masked: 0, as the oracle
+    tl.store(out_ptr + row * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
