@@ -14,7 +14,8 @@ ship with Triton, and counts the SASS instructions of the main loop (the longest
 key, and per opcode; and the whole kernel's count, also per key of one split (``program_per_key``: with
 the fixed work a short split pays, turbo's rotations, the stores; a split of one block has no loop). No
 GPU is needed; the counts are not timings (the design notes pair them with H200 timings where they
-have them). Prints the registers, spill stack and shared memory; writes the row as CSV
+have them). Prints the registers, spill stack and shared memory, and how many such programs one
+multiprocessor holds at once (``programs_per_sm_fit``; the plan fills 8 by default); writes the row as CSV
 (``decode_sass.csv``). Before the twenty-seventh session the plan was made for 4 multiprocessors (one
 split of a 1K cache where the H200 takes 4 or 8), so its figures at short lengths describe that plan.
 """
@@ -42,7 +43,8 @@ from turboquant.templates import code_operands as co  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
 COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard",
-           "num_warps", "block_n", "registers", "stack", "shared", "instructions", "loop_instructions", "per_key",
+           "num_warps", "block_n", "registers", "stack", "shared", "programs_per_sm_fit", "instructions",
+           "loop_instructions", "per_key",
            "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
        torch.int32: "i32"}
@@ -97,6 +99,14 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning
     return sass, res, ck.metadata.shared, plan.split.options, consts, plan.split.tail
 
 
+def programs_per_sm_fit(registers: int, shared: int, num_warps: int) -> int:
+    """How many programs an H100/H200 multiprocessor holds at once: 64K registers allocated per warp in
+    units of 256 (8 a thread), 228 KB of shared memory less 1 KB per program, 64 warps, 32 programs."""
+    by_regs = 65536 // (-(-max(registers, 1) // 8) * 8 * 32 * num_warps)
+    by_shared = 233472 // (shared + 1024)
+    return min(by_regs, by_shared, 64 // num_warps, 32)
+
+
 def loop_counts(sass: str):
     """Instructions of the longest backward branch's body, and their opcodes."""
     addr_re = re.compile(r"\s+/\*([0-9a-f]{4,})\*/")
@@ -141,6 +151,7 @@ def main(argv=None):
                    help="8-bit turbo levels computed from the code (default), or gathered from their table")
     p.add_argument("--constant-rows", action=argparse.BooleanOptionalAction, default=None,
                    help="row strides compiled in and affine metadata a word a pair (default), or run-time strides")
+    p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
@@ -149,7 +160,7 @@ def main(argv=None):
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
-        constant_rows=a.constant_rows)
+        constant_rows=a.constant_rows, maxnreg=a.maxnreg)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
@@ -164,7 +175,9 @@ def main(argv=None):
                program_per_key=round(total / split_keys, 2), lookup=lookup,
                plane_hadamard=consts["K_PLANE_H"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
-               stack=int(usage.group(2)), shared=shared, loop_instructions=n, per_key=round(n / block_n, 2),
+               stack=int(usage.group(2)), shared=shared,
+               programs_per_sm_fit=programs_per_sm_fit(int(usage.group(1)), shared, options["num_warps"]),
+               loop_instructions=n, per_key=round(n / block_n, 2),
                opcodes=" ".join(f"{k}:{v}" for k, v in ops.most_common()))
     for k in COLUMNS:
         print(f"{k:>17}: {row[k]}")
