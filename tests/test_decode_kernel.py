@@ -125,7 +125,7 @@ def test_code_rows_inside_wider_rows(method, bits):
 @pytest.mark.parametrize("method", ["affine", "turbo"])
 @pytest.mark.parametrize("bits", [8, 4, 3])
 @pytest.mark.parametrize("layout", ["cache", "gaps", "run-time"])
-def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layout):
+def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layout, metadata_dtype=torch.float16):
     """The buffers a cache holds: rows back to back, whose strides the kernel compiles in
     (``dense_row_stride``), affine (scale, zero) pairs as one integer word a row, read one load a pair
     (``metadata_pairs``); the same rows each followed by another tensor's element (run-time strides);
@@ -135,7 +135,7 @@ def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layo
 
     gen = torch.Generator().manual_seed(bits + 10 * len(layout))
     B, hkv, g, S, D = 2, 2, 4, 37, 64
-    cfg = KVQuantConfig(method=method, bits=bits)
+    cfg = KVQuantConfig(method=method, bits=bits, metadata_dtype=metadata_dtype)
     q = torch.randn(B, hkv * g, 1, D, generator=gen).to(DEVICE)
     k, v = (torch.randn(B, hkv, S, D, generator=gen).to(DEVICE) for _ in range(2))
     kc, vc = QuantizedCacheTensor.from_dense(k, cfg.spec("k")), QuantizedCacheTensor.from_dense(v, cfg.spec("v"))
@@ -154,6 +154,12 @@ def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layo
     assert consts["K_PAIR"] == consts["V_PAIR"] == (method == "affine" and layout != "run-time")
     out = decode_attention(q, *buffers, kc.spec, vc.spec, D, block_n=16 if DEVICE == "cpu" else 128, **launch)
     assert _rel(out, reference_attention(q, quantize_kv(k, cfg), quantize_kv(v, cfg, role="v"))) < TOL
+
+
+@pytest.mark.parametrize("metadata_dtype", [torch.bfloat16, torch.float32])
+def test_metadata_words_of_other_widths(metadata_dtype):
+    """(scale, zero) words of bf16 halves (int32) and of fp32 halves (int64), read one load a pair."""
+    test_the_cache_buffers_with_and_without_gaps_between_rows("affine", 4, "cache", metadata_dtype)
 
 
 def test_code_alignment_is_what_every_stride_is_a_multiple_of():
