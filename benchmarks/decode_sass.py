@@ -151,6 +151,9 @@ def main(argv=None):
                    help="8-bit turbo levels computed from the code (default), or gathered from their table")
     p.add_argument("--constant-rows", action=argparse.BooleanOptionalAction, default=None,
                    help="row strides compiled in and affine metadata a word a pair (default), or run-time strides")
+    p.add_argument("--query-sum-tile", action=argparse.BooleanOptionalAction, default=None,
+                   help="affine keys' zero points against the query's sums as an MMA-made score tile (default with "
+                        "row groups), or a vector")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -160,7 +163,7 @@ def main(argv=None):
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
-        constant_rows=a.constant_rows, maxnreg=a.maxnreg)
+        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

@@ -804,6 +804,17 @@ def test_one_warp_programs_rotate_their_walk(method, bits, warps):
     assert not _plan_options(KVQuantConfig(method=method, bits=bits), 32768, rotate_blocks=False)[1]["ROTATE"]
 
 
+@pytest.mark.parametrize("groups, tile", [(1, True), (4, False), (4, True), (2, True)])
+def test_query_sums_as_a_score_tile_or_a_vector(groups, tile):
+    # affine keys' zero points meet Σq as an MMA-made score tile (default with row groups) or a vector
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 32768)[1]["Q_SUM_TILE"]
+    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024)[1]["Q_SUM_TILE"]
+    assert not _plan_options(KVQuantConfig(method="turbo", bits=4), 32768)[1]["Q_SUM_TILE"]
+    out, ref = _case("affine", 4, 2, B=2, hkv=2, g=4, L=1, S=201, D=64, mask="padded", seed=groups, num_warps=1,
+                     block_n=64, num_splits=2, row_groups=groups, query_sum_tile=tile)
+    assert _rel(out, ref) < TOL
+
+
 @pytest.mark.parametrize("g, L, S, mask, groups", [(4, 1, 1, None, 4), (4, 1, 10, None, 4), (1, 5, 77, "causal", 2)])
 def test_row_groups_where_groups_see_no_key(g, L, S, mask, groups):
     # caches shorter than a block leave whole groups without keys (running max -inf: they must

@@ -352,6 +352,17 @@ def _row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v
                 K_PAIR=metadata_pairs(k_meta, k_spec), V_PAIR=metadata_pairs(v_meta, v_spec))
 
 
+def _query_sum_tile(k_spec: TensorQuantSpec, row_groups: int) -> bool:
+    """Whether affine keys' zero points meet the query's sums as a score tile made by MMAs
+    (:func:`~turboquant.templates.query_planes._query_sums`) rather than as a vector: with row groups,
+    whose score tiles had the outer product converted through shared memory every block. sm_90 SASS of
+    the loop at 32K, warp instructions per key, vector → tile: head_dim 128 affine 4 / 3 / 2-bit 13.97 /
+    20.25 / 13.08 → 13.92 / 18.39 / 12.91 (registers 215 / 255 / 198 → 231 / 254 / 217), head_dim 64 9.69 /
+    20.73 / 12.27 → 9.20 / 18.53 / 10.62; programs of one block (four warps, short caches) and 8-bit loops
+    (no row groups) gain nothing or lose. Not timed."""
+    return k_spec.method == "affine" and row_groups > 1
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -477,7 +488,7 @@ class _Plan:
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
                         plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None,
-                        constant_rows=None)
+                        constant_rows=None, query_sum_tile=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -491,7 +502,8 @@ def _tuning(**overrides) -> tuple:
 def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, is_causal, softcap, ring_w, scale,
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows) = tuning
+     rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
+     query_sum_tile) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -590,7 +602,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_LUT=luts[0], V_LUT=luts[1],
         K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word),
         **_row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
-                         constant_rows is not False))
+                         constant_rows is not False),
+        Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -614,7 +627,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
-                     polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None) -> torch.Tensor:
+                     polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
+                     query_sum_tile: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -642,7 +656,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     by default a GPU computes them from the code (:func:`_polynomial_asm`; the same fp16 numbers).
     ``constant_rows``: False reads every row by its run-time stride and affine metadata a half at a time,
     where by default rows back to back have their stride compiled in and (scale, zero) words are read
-    one load a pair (:func:`_row_constants`; the same numbers).
+    one load a pair (:func:`_row_constants`; the same numbers). ``query_sum_tile``: the query's sums
+    for affine keys' zero points held as a score tile made by MMAs rather than a vector
+    (:func:`_query_sum_tile`; by default with row groups).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -650,7 +666,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ring_w = 0 if k_ring is None else k_ring.shape[-2]
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
-              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows)
+              rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
+              query_sum_tile)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

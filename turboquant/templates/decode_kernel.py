@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .code_operands import _code_word_bytes, _field_unit, _load_row_bytes, _plane_values
-from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_unscaled, _store_dense_back,
+from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _query_sums, _store_dense_back,
                            _store_hadamard_back, _store_plane)
 
 
@@ -36,7 +36,7 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
-    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr,
+    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -83,11 +83,8 @@ def _decode_split_kernel(
         q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
         q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
         q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-    # Σq (for the key zero points) in plain units, from the fp16 query the dots see
-    q_sum = tl.sum(_q_unscaled(q0, 0, K_BITS, K_TURBO) + _q_unscaled(q1, 1, K_BITS, K_TURBO)
-                   + _q_unscaled(q2, 2, K_BITS, K_TURBO) + _q_unscaled(q3, 3, K_BITS, K_TURBO)
-                   + _q_unscaled(q4, 4, K_BITS, K_TURBO) + _q_unscaled(q5, 5, K_BITS, K_TURBO)
-                   + _q_unscaled(q6, 6, K_BITS, K_TURBO) + _q_unscaled(q7, 7, K_BITS, K_TURBO), axis=1)
+    # Σq (for the key zero points) in plain units: per row, or as a score tile (_query_sum_tile)
+    q_sum = _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, KP, KPW, BLOCK_N // NG, K_BITS, K_TURBO, Q_SUM_TILE)
 
     m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
     l_i = tl.zeros([M], tl.float32)
@@ -154,7 +151,10 @@ def _decode_split_kernel(
         else:
             a_k = k_scale.to(tl.float32) * qk_scale
             z_k = k_zero.to(tl.float32)
-            s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum[:, None] * _per_key(z_k * a_k, NG, TR)
+            if Q_SUM_TILE:
+                s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum * _per_key(z_k * a_k, NG, TR)
+            else:
+                s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum[:, None] * _per_key(z_k * a_k, NG, TR)
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
             s = s * LOG2E

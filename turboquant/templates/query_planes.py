@@ -247,7 +247,42 @@ def _store_signed_plane(row_ptr, y, sign_ptr, S: tl.constexpr, P: tl.constexpr, 
 @triton.jit
 def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
     """A query plane of :func:`_q_plane` back in plain units (fp32)."""
-    return q_plane.to(tl.float32) * (_field_unit(BITS, TURBO, S) / _field_unit(BITS, TURBO, 0))
+    return q_plane.to(tl.float32) * _plane_weight(S, BITS, TURBO)
+
+
+@triton.jit
+def _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, P: tl.constexpr, PW: tl.constexpr, N: tl.constexpr,
+                BITS: tl.constexpr, TURBO: tl.constexpr, AS_TILE: tl.constexpr):
+    """``Σq`` of each query row in plain units, from the planes of :func:`_q_plane` (the fp16 query the
+    dots see): ``[M]``, or with ``AS_TILE`` the ``[M, N]`` tile every column of which is ``Σq``, made by
+    MMAs with ones (exact products, fp32 sums) so that it lies in the layout of an ``[M, N]`` score tile:
+    the loop then multiplies it by the keys' zero points where it converted the outer product
+    ``Σq ⊗ z`` through shared memory every block (:func:`~turboquant.templates.decode_attention._query_sum_tile`)."""
+    if AS_TILE:
+        ones = tl.full([PW, N], 1.0, tl.float16)
+        s = tl.dot(q0, ones) * _plane_weight(0, BITS, TURBO)
+        if P > 1:
+            s += tl.dot(q1, ones) * _plane_weight(1, BITS, TURBO)
+        if P > 2:
+            s += tl.dot(q2, ones) * _plane_weight(2, BITS, TURBO)
+            s += tl.dot(q3, ones) * _plane_weight(3, BITS, TURBO)
+        if P > 4:
+            s += tl.dot(q4, ones) * _plane_weight(4, BITS, TURBO)
+            s += tl.dot(q5, ones) * _plane_weight(5, BITS, TURBO)
+            s += tl.dot(q6, ones) * _plane_weight(6, BITS, TURBO)
+            s += tl.dot(q7, ones) * _plane_weight(7, BITS, TURBO)
+    else:
+        s = tl.sum(_q_unscaled(q0, 0, BITS, TURBO) + _q_unscaled(q1, 1, BITS, TURBO)
+                   + _q_unscaled(q2, 2, BITS, TURBO) + _q_unscaled(q3, 3, BITS, TURBO)
+                   + _q_unscaled(q4, 4, BITS, TURBO) + _q_unscaled(q5, 5, BITS, TURBO)
+                   + _q_unscaled(q6, 6, BITS, TURBO) + _q_unscaled(q7, 7, BITS, TURBO), axis=1)
+    return s
+
+
+@triton.constexpr_function
+def _plane_weight(s, bits, turbo):
+    """What a query plane's value is worth in plain units (:func:`_q_unscaled`'s factor)."""
+    return _field_unit(bits, turbo, s) / _field_unit(bits, turbo, 0)
 
 
 @triton.jit
