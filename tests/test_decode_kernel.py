@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
+from turboquant.quant.affine import metadata_word
 from turboquant.testing import KERNEL_REL_TOL
 
 pytest.importorskip("triton")
@@ -20,7 +21,7 @@ TOL = KERNEL_REL_TOL
 
 
 def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.float32, softcap=0.0, scale=None,
-          v_scale=1.0, **launch):
+          v_scale=1.0, meta_words=False, **launch):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, hkv * g, L, D, generator=gen).to(dtype)
     k = torch.randn(B, hkv, S, D, generator=gen) * 2
@@ -38,8 +39,12 @@ def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.fl
         m[0, ..., : S // 3] = False
     m = None if m is None else m.to(DEVICE)
     q = q.to(DEVICE)
-    out = decode_attention(q, kq.codes, kq.meta.flatten(-2) if method == "affine" else kq.meta, vq.codes,
-                           vq.meta.flatten(-2) if method == "affine" else vq.meta, kq.spec, vq.spec, D,
+    def rows_of(meta):  # affine (scale, zero) as float pairs, or as the integer words a cache stores
+        if method != "affine":
+            return meta
+        return metadata_word(meta[..., 0, 0], meta[..., 0, 1]).unsqueeze(-1) if meta_words else meta.flatten(-2)
+
+    out = decode_attention(q, kq.codes, rows_of(kq.meta), vq.codes, rows_of(vq.meta), kq.spec, vq.spec, D,
                            attn_mask=m, is_causal=mask == "causal", scale=scale, softcap=softcap,
                            **({"block_n": 16 if DEVICE == "cpu" else 128} | launch))
     ref = reference_attention(q, kq, vq, attn_mask=m, is_causal=mask == "causal", scale=scale,
@@ -219,9 +224,10 @@ def test_softcap_scale_bf16_and_length_one():
 
 @given(method=st.sampled_from(["affine", "turbo"]), k_bits=st.sampled_from([2, 3, 4, 8]),
        v_bits=st.sampled_from([2, 3, 4, 8]), g=st.sampled_from([1, 4, 8]), L=st.integers(1, 8),
-       S=st.integers(1, 40), seed=st.integers(0, 2**16))
-def test_property(method, k_bits, v_bits, g, L, S, seed):
-    out, ref = _case(method, k_bits, v_bits, B=1, hkv=1, g=g, L=L, S=S, D=64, mask=None, seed=seed)
+       S=st.integers(1, 40), seed=st.integers(0, 2**16), meta_words=st.booleans())
+def test_property(method, k_bits, v_bits, g, L, S, seed, meta_words):
+    out, ref = _case(method, k_bits, v_bits, B=1, hkv=1, g=g, L=L, S=S, D=64, mask=None, seed=seed,
+                     meta_words=meta_words)
     assert _rel(out, ref) < TOL
 
 
@@ -587,7 +593,9 @@ def test_a_host_bound_call_is_one_launch_and_a_captured_call_splits():
 @pytest.mark.parametrize("method", ["affine", "turbo"])
 @pytest.mark.parametrize("S", [1, 17, 4097])
 def test_full_size_on_gpu(method, S):
-    out, ref = _case(method, 4, 3, B=17, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16)
+    # affine metadata as the integer words a cache stores (one load a pair; rows back to back)
+    out, ref = _case(method, 4, 3, B=17, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16,
+                     meta_words=True)
     assert _rel(out.to(torch.bfloat16), ref) < TOL
 
 
