@@ -97,7 +97,7 @@ LONG_SPLIT_KEYS = 1024
 
 def _computed_levels(spec: TensorQuantSpec) -> bool:
     """Whether a spec's levels are a polynomial's values, which the kernel can compute from the code
-    (:func:`_polynomial_asm`; turbo 8-bit) rather than look up."""
+    (:func:`~.code_operands._polynomial_asm`; turbo 8-bit) rather than look up."""
     return spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS
 
 
@@ -108,7 +108,7 @@ def _gathers(spec: TensorQuantSpec) -> bool:
 
 def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     """Whether a gathering spec's (:func:`_gathers`) codes are looked up by byte permutes
-    (:func:`_register_lut_asm`) by default rather than by ``tl.gather``, where :func:`_shuffle_lut`'s
+    (:func:`~.code_operands._register_lut_asm`) by default rather than by ``tl.gather``, where :func:`_shuffle_lut`'s
     shuffles are off (on by default for 3- and 4-bit codes). H200, B=8, Hq=32, Hkv=8,
     D=128, CUDA graph µs, gather → register table (2026-12-03,
     ``benchmarks/results/decode_register_lut_session17.csv``): turbo 2-bit 277.8 → 121.3 at 32K and
@@ -117,7 +117,7 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     against 69.3 per key in sm_90 SASS); turbo 4-bit slower in both (287.5 → 342.3, 17.26 → 20.14:
     sixteen entries take six permutes and a select per two codes, 23.1 against 17.3 warp
     instructions per key in sm_90 SASS). Those gather figures were the broadcast-table gather's;
-    against :func:`_lookup`'s flat gather (2026-12-03, ``benchmarks/results/decode_gather_session19/``)
+    against :func:`~.code_operands._lookup`'s flat gather (2026-12-03, ``benchmarks/results/decode_gather_session19/``)
     the table still wins where it is on: 2-bit 247.1 → 121.5 at 32K and 20.25 → 15.59 at 1K, 3-bit
     23.25 → 19.42 at 1K."""
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
@@ -125,7 +125,7 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
 
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
     """Whether a gathering spec's (:func:`_gathers`) codes are looked up by warp shuffles from a table
-    register (:func:`_shuffle_lut_asm`) by default; where on, it takes precedence over
+    register (:func:`~.code_operands._shuffle_lut_asm`) by default; where on, it takes precedence over
     :func:`_register_lut`. sm_90 SASS of the loop, warp instructions per key (``benchmarks/decode_sass.py
     turbo BITS [--S 1024] --shuffle-lut``), default → shuffles: one-warp turbo 4-bit 44.2 → 30.9, 3-bit
     49.7 → 36.8, 2-bit 29.3 → 29.9 (against the byte permutes); four-warp (1K) 4-bit 14.4 → 9.4 per warp
@@ -139,9 +139,9 @@ def _shuffle_lut(spec: TensorQuantSpec) -> bool:
 
 def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: Optional[bool],
                    register_lut: Optional[bool], polynomial_levels: Optional[bool]) -> str:
-    """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`_lut_kind`): the lookup the overrides or the
+    """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`~.code_operands._lut_kind`): the lookup the overrides or the
     defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering spec, with its
-    table words; the level polynomial for a polynomial one (:func:`_polynomial_asm`, unless
+    table words; the level polynomial for a polynomial one (:func:`~.code_operands._polynomial_asm`, unless
     ``polynomial_levels`` is False: then the table's gather)."""
     if _computed_levels(spec):
         return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
@@ -218,10 +218,10 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     ``decode_one_warp_threshold_session11.csv``; ``benchmarks/decode_attention.py --sweep`` sweeps the
     same parameters): affine 4-bit 117.1 → 100.3, 3-bit 229.9 → 106.3,
     2-bit 146.4 → 90.9, 8-bit 173.1 → 159.1; turbo 3-bit 371.6 → 306.5 and 2-bit 327.6 → 269.3 (with
-    spills). Turbo 4-bit, with the centroid gather of :func:`_lookup`: 264.6 → 247.6 (2026-12-03,
+    spills). Turbo 4-bit, with the centroid gather of :func:`~.code_operands._lookup`: 264.6 → 247.6 (2026-12-03,
     ``benchmarks/results/decode_gather_session19/``). At 1K every width ran slower with one warp (affine
     4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed work (the query planes, the
-    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`_polynomial_asm`)
+    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`~.code_operands._polynomial_asm`)
     takes one warp at every length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
     10.78 → 10.32; 2026-12-05, ``benchmarks/results/session29_gpu/``); gathered from its 256-entry table
     (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
@@ -283,10 +283,11 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
 
 def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
     """Whether a turbo spec's Hadamard rotation (power-of-two head_dim) is made plane by plane from
-    indices (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix
-    ``√D · R``: no 32 KB matrix read per program and direction (D = 128) and a quarter to an eighth of
-    its MMA work, for more instructions to make the in-plane matrix. H200, B=8, Hq=32, Hkv=8, D=128,
-    CUDA graph µs, matrix → planes (2026-12-03, ``benchmarks/results/decode_plane_hadamard_session20/``):
+    indices (:func:`~.query_planes._hadamard_q_planes`, :func:`~.query_planes._store_hadamard_back`)
+    rather than read as the matrix ``√D · R``: no 32 KB matrix read per program and direction (D = 128)
+    and a quarter to an eighth of its MMA work, for more instructions to make the in-plane matrix. H200,
+    B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, matrix → planes (2026-12-03,
+    ``benchmarks/results/decode_plane_hadamard_session20/``):
     1K turbo 8 / 4 / 3 / 2-bit 25.47 → 23.71, 16.87 → 14.96, 19.38 → 17.38, 15.64 → 12.65; 4K 4 / 3 / 2-bit
     46.93 → 41.42, 55.22 → 48.88, 28.88 → 23.17 (8-bit equal); 32K 3 / 2-bit 297.8 → 288.6, 120.5 → 110.6.
     On long splits 4- and 8-bit ran slower with it, in every repeat: 32K 246.5 → 253.9 and 377.6 → 390.4,
@@ -300,7 +301,7 @@ def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
 
 def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bool:
     """Whether each block's value dots start from zero and join the accumulators by fp32 adds
-    (:func:`_plus_dot`): affine values, on splits of ``LONG_SPLIT_KEYS`` keys or more, in tiles without
+    (:func:`~.decode_kernel._plus_dot`): affine values, on splits of ``LONG_SPLIT_KEYS`` keys or more, in tiles without
     row groups (whose rows sum a fraction of the blocks each). H200, B=8, Hq=32, Hkv=8, D=128, CUDA
     graph µs and error against a float64 attention over the dequantized cache, affine 8-bit, MMA
     accumulation → block sums (2026-12-03, ``benchmarks/results/decode_block_sums_session20/``): 16K
@@ -338,13 +339,13 @@ def _code_alignment(strides: tuple, word: torch.dtype) -> int:
 def _row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
                    on: bool) -> dict:
     """The split kernel's row constants: each buffer's row stride where its rows lie back to back
-    (:func:`~turboquant.templates.buffers.dense_row_stride`, :func:`_row_stride`; 0 = read at run time) and
-    whether affine metadata comes as (scale, zero) words (:func:`~turboquant.templates.buffers.metadata_pairs`,
-    :func:`_scale_zero`). A cache's own buffers are both. sm_90 SASS of the loop, warp instructions per key
-    at 32K, head_dim 128, run-time strides and half loads → these (``benchmarks/decode_sass.py METHOD BITS``):
-    affine 8 / 4 / 3 / 2-bit 25.31 / 16.09 / 21.73 / 14.56 → 22.28 / 14.34 / 20.80 / 13.42, turbo 47.94 /
-    30.94 / 36.92 / 29.36 → 44.84 / 28.25 / 35.84 / 27.52; metadata loads a block halve for affine. Not
-    timed yet (no GPU when written)."""
+    (:func:`~.buffers.dense_row_stride`, :func:`~.decode_kernel._row_stride`; 0 = read at run time) and
+    whether affine metadata comes as (scale, zero) words (:func:`~.buffers.metadata_pairs`,
+    :func:`~.decode_kernel._scale_zero`). A cache's own buffers are both. sm_90 SASS of the loop, warp
+    instructions per key at 32K, head_dim 128, run-time strides and half loads → these
+    (``benchmarks/decode_sass.py METHOD BITS``): affine 8 / 4 / 3 / 2-bit 25.31 / 16.09 / 21.73 / 14.56 →
+    22.28 / 14.34 / 20.80 / 13.42, turbo 47.94 / 30.94 / 36.92 / 29.36 → 44.84 / 28.25 / 35.84 / 27.52;
+    metadata loads a block halve for affine. Not timed yet (no GPU when written)."""
     if not on:
         return dict(KC_ROW=0, KM_ROW=0, VC_ROW=0, VM_ROW=0, K_PAIR=False, V_PAIR=False)
     return dict(KC_ROW=dense_row_stride(k_codes, k_word), KM_ROW=dense_row_stride(k_meta, k_meta_t),
@@ -354,7 +355,7 @@ def _row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v
 
 def _query_sum_tile(k_spec: TensorQuantSpec, row_groups: int) -> bool:
     """Whether affine keys' zero points meet the query's sums as a score tile made by MMAs
-    (:func:`~turboquant.templates.query_planes._query_sums`) rather than as a vector: with row groups,
+    (:func:`~.query_planes._query_sums`) rather than as a vector: with row groups,
     whose score tiles had the outer product converted through shared memory every block. sm_90 SASS of
     the loop at 32K, warp instructions per key, vector → tile: head_dim 128 affine 4 / 3 / 2-bit 13.97 /
     20.25 / 13.08 → 13.92 / 18.39 / 12.91 (registers 215 / 255 / 198 → 231 / 254 / 217), head_dim 64 9.69 /
@@ -391,7 +392,7 @@ def _use_asm(q: torch.Tensor) -> bool:
 def _lut(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
     """The centroids turbo codes index (one copy per device): fp16, as the MMAs take them (the
     levels are fp16 numbers, so the table is exact). An fp32 table cost a conversion per code for
-    ≤ 4 bits; for 8 bits it would also double the shared memory of :func:`_lookup`'s gather and its
+    ≤ 4 bits; for 8 bits it would also double the shared memory of :func:`~.code_operands._lookup`'s gather and its
     bank conflicts (eight table words per bank instead of four; not timed).
     None for affine, which reads no table (its codes are their own values; the call passes a
     placeholder pointer)."""
@@ -644,16 +645,17 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
     shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default
     for 3- and 4-bit codes, :func:`_shuffle_lut`). ``register_lut``: where the shuffles are off, by
-    byte permutes in a table held in the instructions instead of by :func:`_lookup`'s gather (by
-    default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
+    byte permutes in a table held in the instructions instead of by :func:`~.code_operands._lookup`'s
+    gather (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
-    (:func:`_hadamard_q_planes`, :func:`_store_hadamard_back`) rather than read as the matrix ``√D · R``
-    (:func:`_q_plane`, :func:`_rotated_back`); by default for 2-, 3- and 4-bit codes, and for 8-bit
-    ones on splits shorter than ``LONG_SPLIT_KEYS`` keys (:func:`_plane_hadamard`). ``block_sums``: each
-    block's value dots start from zero and join the accumulators by fp32 adds (:func:`_plus_dot`; by
-    default for affine values on long splits without row groups, :func:`_block_sums`).
-    ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`_lookup`) where
-    by default a GPU computes them from the code (:func:`_polynomial_asm`; the same fp16 numbers).
+    (:func:`~.query_planes._hadamard_q_planes`, :func:`~.query_planes._store_hadamard_back`) rather than
+    read as the matrix ``√D · R`` (:func:`~.query_planes._q_plane`, :func:`~.query_planes._rotated_back`);
+    by default for 2-, 3- and 4-bit codes, and for 8-bit ones on splits shorter than ``LONG_SPLIT_KEYS``
+    keys (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from zero and join the
+    accumulators by fp32 adds (:func:`~.decode_kernel._plus_dot`; by default for affine values on long
+    splits without row groups, :func:`_block_sums`).
+    ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`~.code_operands._lookup`) where
+    by default a GPU computes them from the code (:func:`~.code_operands._polynomial_asm`; the same fp16 numbers).
     ``constant_rows``: False reads every row by its run-time stride and affine metadata a half at a time,
     where by default rows back to back have their stride compiled in and (scale, zero) words are read
     one load a pair (:func:`_row_constants`; the same numbers). ``query_sum_tile``: the query's sums

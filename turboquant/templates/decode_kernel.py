@@ -272,8 +272,8 @@ def _decode_split_kernel(
 
 @triton.jit
 def _aligned(sb, sh, ss, ALIGN: tl.constexpr):
-    """Code strides as the multiples of ``ALIGN`` words they are (:func:`_code_alignment`): an identity
-    the compiler reads, where the JIT marks only multiples of 16."""
+    """Code strides as the multiples of ``ALIGN`` words they are (:func:`~.decode_attention._code_alignment`):
+    an identity the compiler reads, where the JIT marks only multiples of 16."""
     if ALIGN > 1:
         sb = (sb // ALIGN) * ALIGN
         sh = (sh // ALIGN) * ALIGN
@@ -283,9 +283,9 @@ def _aligned(sb, sh, ss, ALIGN: tl.constexpr):
 
 @triton.jit
 def _row_stride(stride, ROW: tl.constexpr):
-    """A row stride as the constant ``ROW`` where the launcher knows it (:func:`_row_constants`; else 0).
-    Each key's load address is then the block's base plus a constant, where a run-time stride took a
-    64-bit multiply and add per row."""
+    """A row stride as the constant ``ROW`` where the launcher knows it
+    (:func:`~.decode_attention._row_constants`; else 0). Each key's load address is then the block's base
+    plus a constant, where a run-time stride took a 64-bit multiply and add per row."""
     if ROW > 0:
         stride = ROW
     return stride

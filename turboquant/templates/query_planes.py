@@ -257,7 +257,7 @@ def _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, P: tl.constexpr, PW: tl.constexp
     dots see): ``[M]``, or with ``AS_TILE`` the ``[M, N]`` tile every column of which is ``Σq``, made by
     MMAs with ones (exact products, fp32 sums) so that it lies in the layout of an ``[M, N]`` score tile:
     the loop then multiplies it by the keys' zero points where it converted the outer product
-    ``Σq ⊗ z`` through shared memory every block (:func:`~turboquant.templates.decode_attention._query_sum_tile`)."""
+    ``Σq ⊗ z`` through shared memory every block (:func:`~.decode_attention._query_sum_tile`)."""
     if AS_TILE:
         ones = tl.full([PW, N], 1.0, tl.float16)
         s = tl.dot(q0, ones) * _plane_weight(0, BITS, TURBO)
