@@ -69,7 +69,7 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0)  # contiguous along d
         return _times_rotation(q_hi, q_lo, r, D, HADAMARD).to(tl.float16)
     else:
-        SCALE: tl.constexpr = _field_unit(BITS, TURBO, 0) / _field_unit(BITS, TURBO, S)
+        SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, TURBO)  # a power of two: exact
         q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
         return (q.to(tl.float32) * SCALE).to(tl.float16)
 
