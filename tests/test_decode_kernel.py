@@ -651,20 +651,20 @@ def test_residual_window_ring_is_merged_as_one_more_part(method, mask, num_split
     assert _rel(no_ring, ref) > 10 * TOL  # the ring changed the answer: the test sees it
 
 
-def _plan_options(k_cfg, S, L=1, B=2, capturing=False, **tuning):
+def _plan_options(k_cfg, S, L=1, B=2, capturing=False, D=128, **tuning):
     """The split launch's options and tile of the plan a call of this shape would get."""
     from turboquant.templates import decode_attention as da
 
-    plan = _plan(k_cfg, S, L, B, capturing, **tuning)
+    plan = _plan(k_cfg, S, L, B, capturing, D, **tuning)
     consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
     return plan.split.options, consts
 
 
-def _plan(k_cfg, S, L=1, B=2, capturing=False, **tuning):
+def _plan(k_cfg, S, L=1, B=2, capturing=False, D=128, **tuning):
     """The plan a call of this shape would get (CPU tensors: the GPU's launch geometry with 4 SMs)."""
     from turboquant.templates import decode_attention as da
 
-    D, hkv = 128, 8
+    hkv = 8
     q = torch.zeros(B, hkv * 4, L, D)
     kq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg)
     vq = quantize_kv(torch.zeros(B, hkv, 1, D), k_cfg, role="v")
@@ -696,8 +696,10 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
         mixed = KVQuantConfig(method=method, bits=4, k_bits=8, v_bits=4)  # 4-bit's rule at 1K: four warps
         assert _plan_options(mixed, S, L=L)[0]["num_warps"] == (1 if S >= 2048 else 4)
     assert options["num_stages"] == 3
-    if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups
-        groups = 16 // (4 * L) if method == "affine" and bits != 8 else 1
+    if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups,
+        # turbo 4/8-bit tiles of 4 rows take two groups and 3-bit ones four (2-bit none)
+        turbo_groups = {8: 2, 4: 2, 3: 4, 2: 1}[bits] if S >= 2048 and L == 1 else 1
+        groups = (16 // (4 * L) if bits != 8 else 1) if method == "affine" else turbo_groups
         assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
     else:  # four warps: GQA 4 × L rows, no padding rows (affine 4-bit at 1K: 16 rows 9.52 µs, 4 rows 7.88, H200)
         assert consts["NG"] == 1 and consts["M"] == 4 * L
@@ -714,6 +716,39 @@ def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
     options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), S,
                                     num_splits=num_splits)
     assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 4 * groups
+
+
+@pytest.mark.parametrize("bits, S, L, groups", [
+    (4, 32768, 1, 2), (8, 32768, 1, 2), (3, 32768, 1, 4), ((8, 4), 32768, 1, 2), ((4, 3), 4096, 1, 4),
+    (2, 32768, 1, 1), ((4, 2), 32768, 1, 1),  # 2-bit turbo: its register-table lookups took more with groups
+    (4, 32768, 2, 1), (3, 32768, 2, 1),        # 8-row tiles
+    (4, 1024, 1, 1),                           # short splits (turbo 8-bit is one-warp at 1K too)
+])
+def test_row_groups_go_to_long_turbo_splits(bits, S, L, groups):
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    cfg = KVQuantConfig(method="turbo", bits=4, k_bits=k_bits, v_bits=v_bits)
+    options, consts = _plan_options(cfg, S, L=L, B=8)
+    assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
+    assert options["num_warps"] == 1 or groups == 1
+
+
+@pytest.mark.parametrize("method, bits, D, per_sm", [
+    ("affine", 2, 64, 16), ("affine", 4, 64, 8), ("affine", 3, 64, 8), ("affine", 2, 128, 8),
+    ("turbo", 2, 64, 8), ("affine", (2, 4), 64, 8),
+])
+def test_head_dim_64_two_bit_affine_fills_sixteen_programs_per_sm(monkeypatch, method, bits, D, per_sm):
+    # 128 registers at head_dim 64 (sm_90): 16 programs fit an SM; 50.81 µs against 61.54 at 8 (H100, 32K)
+    from turboquant.templates import decode_attention as da
+
+    monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", 132)
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
+
+    def even_splits(wave, S=32768, block_n=64):  # a wave's splits, made even in whole blocks
+        return -(-S // (-(-(-(-S // wave)) // block_n) * block_n))
+
+    assert _plan(cfg, 32768, B=8, D=D).split.grid[1] == even_splits(per_sm * 132 // (8 * 8))
+    assert _plan(cfg, 32768, B=8, D=D, programs_per_sm=4).split.grid[1] == even_splits(4 * 132 // (8 * 8))
 
 
 @pytest.mark.parametrize("bits, groups", [(3, 1), ((4, 3), 1), (4, 2), (2, 2)])
@@ -781,6 +816,9 @@ def test_row_groups_name_what_fits():
     ("affine", (4, 3), 2, 1, "additive", 1, 4, {}), ("affine", (2, 4), 8, 1, None, 3, 2, {}),
     # not defaults, but valid launches: 8-bit rows, turbo codes, a soft-cap
     ("affine", (8, 8), 4, 1, "bool", 1, 4, {}), ("turbo", (3, 2), 4, 1, "padded", 3, 4, {}),
+    # turbo's defaults on long splits: 2 groups, 4 with 3-bit operands
+    ("turbo", (4, 4), 4, 1, "padded", 3, 2, {}), ("turbo", (8, 4), 3, 1, "bool", 1, 2, {}),
+    ("turbo", (3, 3), 4, 1, None, 3, 4, {}), ("turbo", (8, 8), 4, 1, "causal", 3, 2, {}),
     ("affine", (4, 4), 4, 1, None, 3, 4, {"softcap": 5.0}),
 ])
 def test_row_groups_match_the_oracle(method, bits, g, L, mask, num_splits, groups, extra):

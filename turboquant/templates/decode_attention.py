@@ -253,12 +253,41 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     spilled 216 bytes and the loop took 40.64 warp instructions per key; with one (and the value
     block sums that then apply, :func:`_block_sums`) 25.97 and 16 bytes (sm_90 SASS, B=8, Hkv=4, GQA
     8, D=128, 32K, ``benchmarks/decode_sass.py affine 3 --gqa 8 --kv-heads 4``; GQA 4's 4-row tiles:
-    21.73, no spill). Not timed on a GPU."""
-    if any(s.method != "affine" or s.bits == 8 for s in (k_spec, v_spec)) or split_keys < LONG_SPLIT_KEYS:
+    21.73, no spill). Not timed on a GPU.
+
+    Turbo tiles of 4 rows take 2 groups, 4 where a 3-bit operand is in them (their lookups are warp
+    shuffles or computed levels now, not the gathers above; two groups of 3-bit turbo spilled). H100,
+    32K, D=128, CUDA graph µs, one group against 2 / 4 (2026-12-05,
+    ``benchmarks/results/session31_gpu/``): turbo 8-bit 209.6 → 204.9 / —, 4-bit 141.6 → 139.8 /
+    145.0, 3-bit 167.1 → 335.9 / 158.5. Not 2-bit turbo (its register-table lookups): 107.3 → 104.5 /
+    107.8 at D=128 is within one run's spread, and at D=64 two groups took the loop from 18.59 to
+    23.34 warp instructions per key (sm_90 SASS; 4-bit 16.98 → 15.64, 3-bit 35.48 → 32.62, 8-bit
+    25.94 → 24.12 there)."""
+    if split_keys < LONG_SPLIT_KEYS or any(s.method == "affine" and s.bits == 8 for s in (k_spec, v_spec)):
         return 1
     if 3 in (k_spec.bits, v_spec.bits) and rows > 4:
         return 1
-    return min(16 // rows, block_n // 16)  # one-warp tiles: rows ≤ 16, block_n ≥ 16
+    groups = min(16 // rows, block_n // 16)  # one-warp tiles: rows ≤ 16, block_n ≥ 16
+    if "turbo" in (k_spec.method, v_spec.method):
+        if rows > 4 or any(s.method == "turbo" and s.bits == 2 for s in (k_spec, v_spec)):
+            return 1
+        if 3 in (k_spec.bits, v_spec.bits):
+            return 4 if groups >= 4 else 1
+        return min(groups, 2)
+    return groups
+
+
+def _programs_per_sm(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int, one_warp: bool) -> int:
+    """Programs per multiprocessor the splits fill one wave of. 8 one-warp programs of head_dim 128
+    fit an SM (215–255 registers, sm_90); at head_dim 64 2-bit affine programs take 128 registers
+    and 16 fit. H100, 32K, D=64, CUDA graph µs, 8 against 12 / 16 per SM (2026-12-05,
+    ``benchmarks/results/session31_gpu/``): affine 2-bit 61.54 → 54.52 / 50.81; 4-bit (137
+    registers, 14 fit) 61.14 → 60.10 / 73.07 (a second wave), 3-bit (255 registers) 86.68 → 97.86 /
+    92.92. Head_dim 128 under a register cap to fit 9 or 10 ran slower at every width (affine 4-bit
+    106.2 → 153.1 / 140.2 µs with ``maxnreg`` 224 / 200)."""
+    if one_warp and d <= 64 and all(s.method == "affine" and s.bits == 2 for s in (k_spec, v_spec)):
+        return 16
+    return 8
 
 
 def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
@@ -486,7 +515,7 @@ class _Plan:
 
 
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
-_TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=8, use_asm=None,
+_TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None, use_asm=None,
                         min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
                         plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None,
                         constant_rows=None, query_sum_tile=None)
@@ -542,6 +571,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if num_splits is None:
         # as many splits as fill one wave of programs_per_sm per SM and no more: a split past it
         # starts a second wave that runs alone
+        if programs_per_sm is None:
+            programs_per_sm = _programs_per_sm(k_spec, v_spec, D, one_warp)
         sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
         num_splits = max(1, min(programs_per_sm * sms // (B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
     split_blocks = _cdiv(_cdiv(max(S, 1), num_splits), block_n)
@@ -621,7 +652,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                     num_warps: Optional[int] = None, num_stages: Optional[int] = None, programs_per_sm: int = 8,
+                     num_warps: Optional[int] = None, num_stages: Optional[int] = None, programs_per_sm: Optional[int] = None,
                      use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
                      v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
