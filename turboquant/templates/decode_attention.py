@@ -669,9 +669,12 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     splits' merge (log-sum-exp), so the ring never widens the kernel. ``num_warps``: warps per
     program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3/4-bit;
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
-    the split kernel (CUDA, for tuning: on the H200 every cap tried, 96 and 80, spilled and ran
-    slower than none). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
-    default 4 or 2 for affine 2/3/4-bit on splits of ``LONG_SPLIT_KEYS`` keys or more, else 1).
+    the split kernel (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below
+    spilling on the H200, and 224 / 200 with no spill 17–50% slower on the H100 at 32K). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
+    default 4 or 2 for affine 2/3/4-bit and 2 for turbo 4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on
+    splits of ``LONG_SPLIT_KEYS`` keys or more; else 1). ``programs_per_sm``: the programs per
+    multiprocessor the splits fill one wave of (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit
+    affine one-warp programs, else 8).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
     shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default
