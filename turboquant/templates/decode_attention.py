@@ -515,10 +515,10 @@ class _Plan:
 
 
 # decode_attention's launch overrides, in the order of the tuning tuple a plan is made from
-_TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None, use_asm=None,
-                        min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None, register_lut=None,
-                        plane_hadamard=None, block_sums=None, shuffle_lut=None, polynomial_levels=None,
-                        constant_rows=None, query_sum_tile=None)
+_TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None,
+                        use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
+                        register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
+                        polynomial_levels=None, constant_rows=None, query_sum_tile=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -652,9 +652,10 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      v_meta: torch.Tensor, k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, head_dim: int,
                      attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                      softcap: float = 0.0, block_n: Optional[int] = None, num_splits: Optional[int] = None,
-                     num_warps: Optional[int] = None, num_stages: Optional[int] = None, programs_per_sm: Optional[int] = None,
-                     use_asm: Optional[bool] = None, k_ring: Optional[torch.Tensor] = None,
-                     v_ring: Optional[torch.Tensor] = None, ring_pos: Optional[torch.Tensor] = None,
+                     num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                     programs_per_sm: Optional[int] = None, use_asm: Optional[bool] = None,
+                     k_ring: Optional[torch.Tensor] = None, v_ring: Optional[torch.Tensor] = None,
+                     ring_pos: Optional[torch.Tensor] = None,
                      min_tile_rows: Optional[int] = None, maxnreg: Optional[int] = None,
                      row_groups: Optional[int] = None, rotate_blocks: Optional[bool] = None,
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
@@ -668,13 +669,13 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     the positions the ring holds; their dense attention is one more partial, merged by the
     splits' merge (log-sum-exp), so the ring never widens the kernel. ``num_warps``: warps per
     program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3/4-bit;
-    :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for
-    the split kernel (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below
-    spilling on the H200, and 224 / 200 with no spill 17–50% slower on the H100 at 32K). ``row_groups``: row groups of a one-warp tile (:func:`_row_groups`; by
-    default 4 or 2 for affine 2/3/4-bit and 2 for turbo 4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on
-    splits of ``LONG_SPLIT_KEYS`` keys or more; else 1). ``programs_per_sm``: the programs per
-    multiprocessor the splits fill one wave of (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit
-    affine one-warp programs, else 8).
+    :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for the split kernel
+    (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below spilling on the
+    H200, and 224 / 200 with no spill 17–50% slower on the H100 at 32K). ``row_groups``: row groups
+    of a one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit and 2 for turbo
+    4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else
+    1). ``programs_per_sm``: the programs per multiprocessor the splits fill one wave of
+    (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit affine one-warp programs, else 8).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
     shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default
