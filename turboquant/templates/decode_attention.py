@@ -671,7 +671,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     program; by default one for caches of ``LONG_CACHE_KEYS`` keys or more (affine, turbo 2/3/4-bit;
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for the split kernel
     (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below spilling on the
-    H200, and 224 / 200 with no spill 17–50% slower on the H100 at 32K). ``row_groups``: row groups
+    H200, and 224 / 200 with no spill 17–57% slower on the H100 at 32K). ``row_groups``: row groups
     of a one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit and 2 for turbo
     4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else
     1). ``programs_per_sm``: the programs per multiprocessor the splits fill one wave of
