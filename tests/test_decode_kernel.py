@@ -745,7 +745,7 @@ def test_head_dim_64_two_bit_affine_fills_sixteen_programs_per_sm(monkeypatch, m
     cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
 
     def even_splits(wave, S=32768, block_n=64):  # a wave's splits, made even in whole blocks
-        return -(-S // (-(-(-(-S // wave)) // block_n) * block_n))
+        return da._cdiv(S, da._cdiv(da._cdiv(S, wave), block_n) * block_n)
 
     assert _plan(cfg, 32768, B=8, D=D).split.grid[1] == even_splits(per_sm * 132 // (8 * 8))
     assert _plan(cfg, 32768, B=8, D=D, programs_per_sm=4).split.grid[1] == even_splits(4 * 132 // (8 * 8))

@@ -374,7 +374,9 @@ def _row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v
     instructions per key at 32K, head_dim 128, run-time strides and half loads → these
     (``benchmarks/decode_sass.py METHOD BITS``): affine 8 / 4 / 3 / 2-bit 25.31 / 16.09 / 21.73 / 14.56 →
     22.28 / 14.34 / 20.80 / 13.42, turbo 47.94 / 30.94 / 36.92 / 29.36 → 44.84 / 28.25 / 35.84 / 27.52;
-    metadata loads a block halve for affine. Not timed yet (no GPU when written)."""
+    metadata loads a block halve for affine. H100, 32K, CUDA graph µs, run-time → these (2026-12-05,
+    ``benchmarks/results/session31_gpu/``, ``constant_rows=False``): affine 8 / 4 / 3 / 2-bit 191.8 /
+    107.4 / 93.31 / 70.14 → 191.1 / 106.2 / 92.76 / 67.30, turbo 4-bit 147.2 → 141.6."""
     if not on:
         return dict(KC_ROW=0, KM_ROW=0, VC_ROW=0, VM_ROW=0, K_PAIR=False, V_PAIR=False)
     return dict(KC_ROW=dense_row_stride(k_codes, k_word), KM_ROW=dense_row_stride(k_meta, k_meta_t),
@@ -389,7 +391,9 @@ def _query_sum_tile(k_spec: TensorQuantSpec, row_groups: int) -> bool:
     the loop at 32K, warp instructions per key, vector → tile: head_dim 128 affine 4 / 3 / 2-bit 13.97 /
     20.25 / 13.08 → 13.92 / 18.39 / 12.91 (registers 215 / 255 / 198 → 231 / 254 / 217), head_dim 64 9.69 /
     20.73 / 12.27 → 9.20 / 18.53 / 10.62; programs of one block (four warps, short caches) and 8-bit loops
-    (no row groups) gain nothing or lose. Not timed."""
+    (no row groups) gain nothing or lose. H100, 32K, CUDA graph µs, vector → tile (2026-12-05,
+    ``benchmarks/results/session31_gpu/``, ``query_sum_tile=False``): affine 3-bit 95.33 → 92.76, 4-bit
+    105.4 → 106.2, 2-bit 67.45 → 67.30."""
     return k_spec.method == "affine" and row_groups > 1
 
 
