@@ -510,7 +510,10 @@ def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.co
     ``griddepcontrol.wait``): H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, plain → dependent
     (2026-12-05, ``benchmarks/results/session28_gpu/decode_variants_pdl_*.csv``): 1K affine 8 / 4 / 3 /
     2-bit 8.65 → 13.20, 7.88 → 7.68, 10.03 → 10.05, 8.69 → 8.61, turbo 23.58 → 25.22, 11.68 → 13.04,
-    17.19 → 17.36, 12.59 → 14.37; 32K affine 4 / 3-bit 81.9 → 82.4, 96.6 → 98.3."""
+    17.19 → 17.36, 12.59 → 14.37; 32K affine 4 / 3-bit 81.9 → 82.4, 96.6 → 98.3. Nor rotating turbo's
+    output back here once per row, the splits storing the rotated domain: 16–37% fewer split
+    instructions at 1K (sm_90 SASS), but 1K turbo 4 / 3 / 2-bit ran 11.72 → 13.57, 15.96 → 17.21,
+    12.47 → 13.88 µs (H100, 2026-12-05, ``benchmarks/results/session32_gpu/``)."""
     po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
