@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU figures RESULTS.md leads with, and the GPU tests, in one command per part:
+#
+#   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K and 1K, then the decode kernel's GPU tests (~8 min)
+#   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: batch 1 x 1K decode steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
+#
+# OUT (default benchmarks/results/gpu_run): logs and CSVs; a short table is printed last. Runs from a
+# checkout without installing it (PYTHONPATH is the checkout).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: reproduce_gpu.sh kernel|step [OUT]}
+out=${2:-benchmarks/results/gpu_run}
+if [[ "$part" != kernel && "$part" != step ]]; then
+  echo "unknown part '$part'; allowed: kernel, step" >&2
+  exit 2
+fi
+if ! command -v nvidia-smi > /dev/null; then
+  echo "needs an NVIDIA GPU (nvidia-smi not found)" >&2
+  exit 2
+fi
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+case "$part" in
+  kernel)
+    python benchmarks/decode_attention.py --contexts 32768 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
+    python -m pytest tests/test_decode_kernel.py -m gpu -q -n 4 > "$out/decode_gpu_tests.log" 2>&1
+    tail -1 "$out/decode_gpu_tests.log"
+    grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
+    ;;
+  step)
+    # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns)
+    settings=(turbo-8 turbo-4 turbo-3 affine-4)
+    turns=$(mktemp -d)
+    for s in "${settings[@]}"; do
+      python benchmarks/decode_step_host.py --settings bf16 "$s" --repeats 3 --turns "$turns" ${#settings[@]} \
+        --out "$out/$s" > "$out/step_$s.log" 2>&1 &
+    done
+    wait
+    for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6; done
+    ;;
+esac
+cat "$out/gpu.txt"
