@@ -26,6 +26,9 @@ def test_tq_bench_tiny_end_to_end(tmp_path, capsys):
     assert float(rows["bf16"]["speedup"]) == 1.0 and float(rows["affine-4"]["decode_tok_s"]) > 0
     assert rows["affine-4"]["device"] and rows["affine-4"]["torch"]
     assert rows["affine-4"]["batch"] == "2" and rows["affine-4"]["context"] == "24"
+    # issue 5's plots: tokens/s and cache bytes against context, one line per setting and batch
+    for png in ("tokens_per_s.png", "cache_bytes.png"):
+        assert (out / png).stat().st_size > 1000 and png in text
 
 
 def test_tq_bench_with_a_dynamic_cache(tmp_path, capsys):
