@@ -32,6 +32,7 @@ case "$part" in
     # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns)
     settings=(turbo-8 turbo-4 turbo-3 affine-4)
     turns=$(mktemp -d)
+    trap 'rm -rf "$turns"' EXIT
     for s in "${settings[@]}"; do
       python benchmarks/decode_step_host.py --settings bf16 "$s" --repeats 3 --turns "$turns" ${#settings[@]} \
         --out "$out/$s" > "$out/step_$s.log" 2>&1 &

@@ -153,6 +153,8 @@ def plot(rows: Sequence[dict], folder: str) -> List[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    contexts = sorted({r["context"] for r in rows})  # ticks at the measured lengths, named as run (1K, 32K)
+    tick_labels = [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts]
     paths = []
     for key, ylabel, name, logy in (("decode_tok_s", "decode tokens/s", "tokens_per_s.png", False),
                                     ("cache_bytes", "cache bytes", "cache_bytes.png", True)):
@@ -162,8 +164,7 @@ def plot(rows: Sequence[dict], folder: str) -> List[str]:
                 pts = sorted((r["context"], r[key]) for r in rows if r["setting"] == setting and r["batch"] == batch)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{setting}, batch {batch}")
         ax.set_xscale("log", base=2)
-        contexts = sorted({r["context"] for r in rows})  # ticks at the measured lengths, named as run (1K, 32K)
-        ax.set_xticks(contexts, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts])
+        ax.set_xticks(contexts, tick_labels)
         ax.minorticks_off()
         if logy:
             ax.set_yscale("log")
