@@ -4,6 +4,7 @@
     python benchmarks/decode_step_host.py --settings bf16 affine-8 --context 4096
     python benchmarks/decode_step_host.py --tiny --device cpu --context 16 --new-tokens 5   # smoke
     python benchmarks/decode_step_host.py --settings bf16 affine-4 --profile   # + cProfile per setting
+    python benchmarks/decode_step_host.py --settings bf16 turbo-3 turbo-3/splits   # + one split per call off
     # settings compiled in parallel processes, then timed one process at a time:
     for s in affine-8 turbo-8; do python benchmarks/decode_step_host.py --settings bf16 $s --turns /tmp/turns 2 & done; wait
 
@@ -13,7 +14,10 @@ shows up directly in tokens/s. Per setting: milliseconds per decode step (``(t(1
 of two greedy generates, as ``tq bench``; each of the two the least of ``--repeats`` interleaved
 rounds), and the part of it spent in the model's forward, in AOTAutograd's unwrapping of the quantized cache's tensor
 subclasses, and in the attention op's launcher (``templates.decode_attention.decode_attention``),
-each timed with ``perf_counter`` around the call. Prints a table and writes CSV.
+each timed with ``perf_counter`` around the call, and in Python's garbage collections.
+``SETTING/splits``: SETTING's compiled model again, timed with the attention kernel's host-bound
+plan off (``HOST_BOUND_KEY_ROWS = 0``: calls split as inside a CUDA graph, a merge launch more).
+Prints a table and writes CSV.
 """
 
 import argparse
@@ -35,7 +39,8 @@ from turboquant.compat import dynamo_counters, wrap_aot_subclass_unwrap  # noqa:
 from turboquant.demo import timed_generate  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 
-COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms"]
+COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms",
+           "gc_ms"]
 
 
 def _timer(acc, name):
@@ -51,7 +56,42 @@ def _timer(acc, name):
     return wrap
 
 
-PARTS = ("forward", "aot_unwrap", "attention_launch")
+PARTS = ("forward", "aot_unwrap", "attention_launch", "gc")
+
+
+def _time_gc(acc):
+    """Time Python's garbage collections (a collection runs inside whichever call allocated past the
+    threshold, so it lands in the parts above too). Returns a function that removes the timer."""
+    import gc
+
+    started = []
+
+    def callback(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            acc["gc"] += time.perf_counter() - started.pop()
+
+    gc.callbacks.append(callback)
+    return lambda: gc.callbacks.remove(callback)
+
+
+SPLITS = "/splits"
+
+
+@contextlib.contextmanager
+def _plans_of(setting: str, plan_caches: dict):
+    """The attention kernel's plans as ``setting`` has them: for ``…/splits`` no host-bound single
+    split, in a plan cache of its own (a plan holds its split count; the caches keep each variant's
+    plans compiled across rounds)."""
+    saved = kernel._PLANS, kernel.HOST_BOUND_KEY_ROWS
+    kernel._PLANS = plan_caches.setdefault(setting.endswith(SPLITS), collections.OrderedDict())
+    if setting.endswith(SPLITS):
+        kernel.HOST_BOUND_KEY_ROWS = 0
+    try:
+        yield
+    finally:
+        kernel._PLANS, kernel.HOST_BOUND_KEY_ROWS = saved
 
 
 def _per_step(prefill: dict, whole: dict, steps: int) -> dict:
@@ -156,18 +196,22 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     restore_triton = _time_triton_compiles(acc)
+    restore_gc = _time_gc(acc)
     launcher = kernel.decode_attention
     kernel.decode_attention = _timer(acc, "attention_launch")(launcher)
     base, ids = step_inputs(context, device, tiny)
     kw = dict(cache_implementation="static")
     steps = new_tokens - 1
     models, best = {}, {}
+    plan_caches = {False: kernel._PLANS}  # the compiles' warm-ups made the default plans
     try:
         # every setting compiled first, then timed in interleaved rounds: the machine's host speed
         # drifts over minutes (bf16 6.2–11.2 ms per step across calls), so settings timed one after
         # another minutes apart compare the drift as much as the settings
         with torch._dynamo.config.patch(recompile_limit=16 * len(settings)):
             for setting in settings:
+                if setting.endswith(SPLITS):
+                    continue
                 t0, jit0 = time.perf_counter(), acc["triton_jit"]
                 model = compiled_setting(base, setting, mode)
                 model.forward = _timer(acc, "forward")(model.forward)
@@ -177,19 +221,25 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
                 # which turboquant's Triton kernels 2.4 s)
                 print(f"{setting}: compiled and warmed up in {time.perf_counter() - t0:.0f} s "
                       f"(turboquant's Triton kernels {acc['triton_jit'] - jit0:.1f} s)", flush=True)
+            for setting in settings:
+                if setting.endswith(SPLITS):
+                    models[setting] = models[setting[: -len(SPLITS)]]
+                    with _plans_of(setting, plan_caches):
+                        warm_up(models[setting], ids, new_tokens, **kw)
             # host-bound timings only ever get slower by noise: each quantity's least over the rounds
             # counts, the prefill-only run's and the whole generate's apart (the least of their
             # difference would favour rounds whose prefill-only run was slowed)
             with in_turn(turns):
                 for _ in range(repeats):
                     for setting, model in models.items():
-                        timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches
-                        acc.clear()
-                        _, _, t1 = timed_generate(model, ids, 1, **kw)  # the prefill alone
-                        prefill = {"wall": t1, **acc}
-                        acc.clear()
-                        _, _, tn = timed_generate(model, ids, new_tokens, **kw)
-                        whole = {"wall": tn, **acc}
+                        with _plans_of(setting, plan_caches):
+                            timed_generate(model, ids, 1, **kw)  # its graphs back at the front of Dynamo's caches
+                            acc.clear()
+                            _, _, t1 = timed_generate(model, ids, 1, **kw)  # the prefill alone
+                            prefill = {"wall": t1, **acc}
+                            acc.clear()
+                            _, _, tn = timed_generate(model, ids, new_tokens, **kw)
+                            whole = {"wall": tn, **acc}
                         least = best.setdefault(setting, {"prefill": {}, "whole": {}})
                         for run, times in (("prefill", prefill), ("whole", whole)):
                             for name in ("wall", *PARTS):
@@ -200,13 +250,15 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
                 if profile_dir:
                     os.makedirs(profile_dir, exist_ok=True)
                     for setting, model in models.items():
-                        path = os.path.join(profile_dir, f"profile_{setting}.txt")
-                        print(f"wrote {_profile(model, ids, new_tokens, path, **kw)}")
+                        path = os.path.join(profile_dir, f"profile_{setting.replace('/', '_')}.txt")
+                        with _plans_of(setting, plan_caches):
+                            print(f"wrote {_profile(model, ids, new_tokens, path, **kw)}")
         skips = dynamo_counters()["inductor"]["cudagraph_skips"]
         print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:
         restore()
         restore_triton()
+        restore_gc()
         kernel.decode_attention = launcher
         models.clear()
         torch._dynamo.reset()
@@ -225,7 +277,8 @@ def main(argv=None):
                    help="torch.compile mode of every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each time's least counts)")
     p.add_argument("--profile", action="store_true",
-                   help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out)")
+                   help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out, "
+                        "/ as _)")
     args = p.parse_args(argv)
     if cuda_missing(args):
         return 2

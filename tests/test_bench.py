@@ -102,14 +102,18 @@ def test_decode_step_host_breakdown_smoke(tmp_path):
     unwrap, launcher = subclass_utils.runtime_unwrap_tensor_subclasses, kernel.decode_attention
     # 8 tokens (7 steps) and 5 rounds: the per-step figure is a difference of two timed generates, which a
     # busy machine (the other xdist worker compiling) must not shrink below the parts inside it
+    plans, host_bound = kernel._PLANS, kernel.HOST_BOUND_KEY_ROWS
     assert bench.main(["--tiny", "--device", "cpu", "--context", "12", "--new-tokens", "8", "--repeats", "5",
-                       "--settings", "bf16", "affine-4", "--out", str(tmp_path), "--profile",
+                       "--settings", "bf16", "affine-4", "affine-4/splits", "--out", str(tmp_path), "--profile",
                        "--turns", str(tmp_path / "turns"), "1"]) == 0
     assert subclass_utils.runtime_unwrap_tensor_subclasses is unwrap and kernel.decode_attention is launcher
+    assert kernel._PLANS is plans and kernel.HOST_BOUND_KEY_ROWS == host_bound
     rows = {r["setting"]: r for r in csv.DictReader(open(tmp_path / "decode_step_host.csv"))}
-    assert set(rows) == {"bf16", "affine-4"} and float(rows["bf16"]["vs_bf16"]) == 1.0
+    # affine-4/splits: affine-4's compiled model again, its plans without the host-bound single split
+    assert set(rows) == {"bf16", "affine-4", "affine-4/splits"} and float(rows["bf16"]["vs_bf16"]) == 1.0
     for r in rows.values():
         assert 0 < float(r["forward_ms"]) <= float(r["ms_per_step"]) * 1.5
+        assert float(r["gc_ms"]) <= float(r["ms_per_step"])
     # the quantized step's profile reaches the attention op's kernel without the dispatcher
     assert "_attention_direct" in (tmp_path / "profile_affine-4.txt").read_text()
     assert "function calls" in (tmp_path / "profile_bf16.txt").read_text()
@@ -152,6 +156,27 @@ def test_decode_step_kernels_smoke(tmp_path):
     (row,) = csv.DictReader(open(tmp_path / "decode_step_kernels.csv"))
     assert row["setting"] == "bf16" and int(row["launches"]) == 0 and float(row["kernel_ms_per_step"]) == 0
     assert (tmp_path / "kernels_bf16.txt").read_text().startswith("bf16: 3-token generate at 1 x 8")
+
+
+def test_decode_step_launches_lists_a_layers_kernels(tmp_path):
+    """``benchmarks/decode_step_launches.py`` on the CPU (Inductor's Triton schedule): one layer of the
+    1B benchmark's architecture, the quantized step calling the attention op once and launching no more
+    kernels than bf16's (the cache write fuses into the kernels that produce K and V), the listings."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_step_launches.py"
+    spec = importlib.util.spec_from_file_location("decode_step_launches", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--device", "cpu", "--settings", "bf16", "turbo-3", "--cache-len", "40",
+                       "--out", str(tmp_path)]) == 0
+    rows = {r["setting"]: r for r in csv.DictReader(open(tmp_path / "decode_step_launches.csv"))}
+    assert rows["bf16"]["attention_calls"] == "0" and rows["turbo-3"]["attention_calls"] == "1"
+    assert 0 < int(rows["turbo-3"]["launches"]) <= int(rows["bf16"]["launches"])
+    listed = (tmp_path / "launches_turbo-3.txt").read_text().split()
+    assert len(listed) == int(rows["turbo-3"]["launches"]) and all(k.startswith("triton_") for k in listed)
+    assert "def call(" in (tmp_path / "wrapper_turbo-3.py").read_text()
 
 
 def test_decode_sass_counts_the_loop_of_the_kernel_compiled_for_sm90(tmp_path):

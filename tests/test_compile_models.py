@@ -17,7 +17,7 @@ import turboquant
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.compat import dynamo_counters, run_and_get_code, triton_wrapper_code_on_cpu
 from turboquant.integrations.transformers import cache_kwarg
-from turboquant.testing import left_padded_batch, tiny_hf_model
+from turboquant.testing import launched_kernels, left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -702,14 +702,8 @@ def _decode_step_kernels(model, device, backend, library_calls: Optional[list] =
         library_calls.extend(a or b for a, b in
                              re.findall(r"\bextern_kernels\.(\w+)\(|\b(turboquant_attention)\(", wrapper))
     if backend == "triton":
-        return _launched_kernels(wrapper)
+        return launched_kernels(wrapper)
     return re.findall(r"(cpp_fused_\w+|triton_\w+) = async_compile", wrapper)
-
-
-def _launched_kernels(wrapper: str) -> list:
-    """The Triton kernels a generated wrapper launches, in order (a kernel launched twice appears twice)."""
-    names = re.findall(r"(triton_\w+) = async_compile", wrapper)
-    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper)
 
 
 @pytest.mark.parametrize("device, backend, bits", [("cpu", "cpp", 4), *[("cpu", "triton", b) for b in (2, 3, 4, 8)],
@@ -851,7 +845,7 @@ def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         model(ids, cache_position=torch.arange(9), **kw)
-        return _launched_kernels(triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw))
+        return launched_kernels(triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw))
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

@@ -5,11 +5,12 @@ Nothing is downloaded: every model is built from a small config.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import torch
 
-__all__ = ["FAMILIES", "KERNEL_REL_TOL", "tiny_hf_model", "left_padded_batch"]
+__all__ = ["FAMILIES", "KERNEL_REL_TOL", "tiny_hf_model", "left_padded_batch", "launched_kernels"]
 
 # relative error a kernel may add against the float64 oracle on the same codes (bf16-class output;
 # issue 4): the decode-kernel tests assert it, the generation tests build their noise floor on it
@@ -64,3 +65,9 @@ def left_padded_batch(batch: int = 3, length: int = 7, vocab: int = 128, seed: i
         mask[row, :min(length - 1, [0, 1, 3, 2, 4][row % 5])] = 0
     ids[mask == 0] = 0
     return ids, mask
+
+
+def launched_kernels(wrapper: str) -> list:
+    """The Triton kernels an Inductor wrapper source launches, in order (a kernel launched twice appears twice)."""
+    names = re.findall(r"(triton_\w+) = async_compile", wrapper)
+    return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper) if names else []
