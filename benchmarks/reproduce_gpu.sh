@@ -2,7 +2,8 @@
 # The GPU figures RESULTS.md leads with, and the GPU tests, in one command per part:
 #
 #   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K and 1K, then the decode kernel's GPU tests (~8 min)
-#   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: batch 1 x 1K decode steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
+#   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: each setting's kernel launches per layer, then batch 1 x 1K decode
+#                                                   # steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
 #
 # OUT (default benchmarks/results/gpu_run): logs and CSVs; a short table is printed last. Runs from a
 # checkout without installing it (PYTHONPATH is the checkout).
@@ -29,8 +30,11 @@ case "$part" in
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
     ;;
   step)
-    # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns)
     settings=(turbo-8 turbo-4 turbo-3 affine-4)
+    # the Triton kernels one layer's compiled step launches per setting (a kernel more is ~0.3 ms a step)
+    python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
+      > "$out/launches.log" 2>&1
+    # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns)
     turns=$(mktemp -d)
     trap 'rm -rf "$turns"' EXIT
     for s in "${settings[@]}"; do
@@ -38,6 +42,7 @@ case "$part" in
         --out "$out/$s" > "$out/step_$s.log" 2>&1 &
     done
     wait
+    grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
     for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6; done
     ;;
 esac

@@ -825,9 +825,10 @@ def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(dev
     assert not any(re.fullmatch(r"triton_poi_fused_lift_fresh_\d+", k) for k in quantized_kernels), quantized_kernels
     writes = [k for k in quantized_kernels if "index_put" in k]
     # packed where stored (8-bit codes are bytes: nothing to combine); a layer's K and V stores read
-    # one copy of the codebook's tables, and Inductor makes them one kernel (2 layers); at 2 bits it
-    # keeps them apart (not looked into; the rotations still fuse)
-    assert len(writes) == (4 if bits == 2 else 2), quantized_kernels
+    # one copy of the codebook's tables, and Inductor makes them one kernel (2 layers); 2- and 3-bit
+    # tables are rows (turbo._table_row), which Inductor does not inline as literals: inlined, 2-bit
+    # stores stayed apart on the CPU and 3-bit ones on the H200
+    assert len(writes) == 2, quantized_kernels
     assert all(bits == 8 or "bitwise_or" in k for k in writes), quantized_kernels
     assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
 
@@ -849,7 +850,8 @@ def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
-def test_a_turbo_write_is_its_rotation_and_its_store_fused_with_the_producer():
+@pytest.mark.parametrize("bits", [8, 4, 3, 2])
+def test_a_turbo_write_is_its_rotation_and_its_store_fused_with_the_producer(bits):
     """A transformers Llama at head_dim 128 (the 1B benchmark's): a turbo cache write is the rotation's
     reduction, into which K's RoPE fuses, and the kernel that searches, packs and stores; and since the
     two writes of a layer read one copy of each table (``constants._traced_table``), K's and V's
@@ -858,12 +860,18 @@ def test_a_turbo_write_is_its_rotation_and_its_store_fused_with_the_producer():
     from indices K's ``[rows, d, d]`` product had a kernel of its own (an expression past Inductor's
     inlining threshold), and 8-bit codes copied their boundaries for ``bucketize`` (a kernel per
     write): 18 launches here, 15 with one rotation and one store per write, 13 now (the H200's step:
-    9 write kernels per layer, then 5; a launch costs a batch-1 step ~20 µs of host time there)."""
-    base = tiny_hf_model("llama", head_dim=128, num_hidden_layers=1, num_attention_heads=8, hidden_size=256)
+    9 write kernels per layer, then 5; a launch costs a batch-1 step ~20 µs of host time there). At
+    every width: 3-bit stores had stayed apart on the H200 (a kernel per layer more than 4-bit's in its
+    step, 2026-12-05) while the CPU schedule fused them, until that schedule took the GPU's dependency
+    decisions (``compat._GPU_DECIDERS``) and the 2- and 3-bit codebooks became tables Inductor does not
+    inline (``turbo._table_row``)."""
+    # the heads of the 1B benchmark's layer (32 query, 8 KV): with 2 KV heads 3-bit stores fused either way
+    base = tiny_hf_model("llama", head_dim=128, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8,
+                         hidden_size=256)
     affine = _hf_decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=4), turboquant.KVQuantConfig(bits=4))
     torch._dynamo.reset()
-    cfg = turboquant.KVQuantConfig(bits=8, method="turbo")
-    turbo = _hf_decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=8, method="turbo"), cfg)
+    cfg = turboquant.KVQuantConfig(bits=bits, method="turbo")
+    turbo = _hf_decode_step_kernels(turboquant.compile(copy.deepcopy(base), bits=bits, method="turbo"), cfg)
     assert len(turbo) == len(affine), (turbo, affine)
     assert not any("lift_fresh" in k and "index" not in k and "sum" not in k for k in turbo), turbo
     assert sum("index" in k for k in turbo) == 1, turbo  # K's and V's stores, one kernel

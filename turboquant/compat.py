@@ -107,7 +107,7 @@ def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
     from unittest import mock
 
     import torch.utils._triton as triton_utils
-    from torch._inductor import async_compile, codecache
+    from torch._inductor import async_compile, codecache, scheduler
 
     load = codecache.PyCodeCache.load_by_key_path.__func__
 
@@ -124,6 +124,32 @@ def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
     stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton",
                                           lambda self, name, src, *a, **k: kernel(name, src)))
     stack.enter_context(mock.patch.object(codecache.PyCodeCache, "load_by_key_path", classmethod(load_hooked)))
+    stack.enter_context(mock.patch.object(scheduler, "is_gpu", _gpu_scheduling_decisions(scheduler.is_gpu)))
+
+
+# Inductor's scheduler functions that decide for GPU nodes otherwise than for CPU ones, in ways that
+# change what fuses: a GPU node's dependencies stay unnormalised (loop ordering after fusion) and
+# its loops merge after fusion. With CPU decisions, a 3-bit turbo cache's K and V stores fused on the
+# CPU schedule and not on the H200, whose step launched a kernel per layer more (2026-12-05).
+_GPU_DECIDERS = ("_compute_attrs", "merge_loops")
+
+
+def _gpu_scheduling_decisions(is_gpu):
+    """``is_gpu`` (the scheduler's) that answers True for the CPU where :data:`_GPU_DECIDERS` ask, as
+    directly or through a node's ``is_gpu()``; elsewhere (which backend to create, runtime estimates)
+    the CPU stays the CPU."""
+    import sys
+
+    def gpu_decisions(device_type) -> bool:
+        if device_type == "cpu":
+            frame = sys._getframe(1)
+            if frame.f_code.co_name == "is_gpu":
+                frame = frame.f_back
+            if frame is not None and frame.f_code.co_name in _GPU_DECIDERS:
+                return True
+        return is_gpu(device_type)
+
+    return gpu_decisions
 
 
 def triton_wrapper_code_on_cpu(fn, *args, **kwargs) -> str:

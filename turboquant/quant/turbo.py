@@ -187,6 +187,11 @@ def _squared_levels(d: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
     return _fp16_levels(d, bits).to(dtype).double() ** 2
 
 
+def _table_row(table_fn, *key) -> torch.Tensor:
+    """``table_fn(*key)`` as a ``[1, n]`` row (a table that stays a buffer when compiled)."""
+    return table_fn(*key).unsqueeze(0)
+
+
 def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescale_norm: bool = True):
     """:func:`turbo_quantize` with its codes packed (``uint8 [..., packed_size(D, bits)]``, meta
     ``[..., 1]``), in the form Inductor's Triton backend fuses into the one kernel that stores a
@@ -212,10 +217,13 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     else:
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
-    bounds = as_constant(_level_boundaries, d, bits, device=x.device, dtype=xw.dtype)
+    # [1, n] tables: Inductor inlines a 1-D constant of up to 8 entries (2- and 3-bit codebooks) as
+    # literals, and then a layer's K and V stores share no read and do not fuse on a GPU (a kernel
+    # more per layer; on the CPU their shared shift tables had fused them until those became selects)
+    bounds = as_constant(_table_row, _level_boundaries, d, bits, device=x.device, dtype=xw.dtype)[0]
     codes = [_codebook_search(v, bounds) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
-        squares = as_constant(_squared_levels, d, bits, xw.dtype, device=x.device, dtype=xw.dtype)
+        squares = as_constant(_table_row, _squared_levels, d, bits, xw.dtype, device=x.device, dtype=xw.dtype)[0]
         y2 = 0
         for own, c in zip(owners, codes):
             y2 = y2 + torch.where(own, squares[c], 0.0)
