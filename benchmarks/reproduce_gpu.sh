@@ -4,15 +4,16 @@
 #   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K and 1K, then the decode kernel's GPU tests (~8 min)
 #   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: each setting's kernel launches per layer, then batch 1 x 1K decode
 #                                                   # steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
+#   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
 #
 # OUT (default benchmarks/results/gpu_run): logs and CSVs; a short table is printed last. Runs from a
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step [OUT]}
+part=${1:?usage: reproduce_gpu.sh kernel|step|tests [OUT]}
 out=${2:-benchmarks/results/gpu_run}
-if [[ "$part" != kernel && "$part" != step ]]; then
-  echo "unknown part '$part'; allowed: kernel, step" >&2
+if [[ "$part" != kernel && "$part" != step && "$part" != tests ]]; then
+  echo "unknown part '$part'; allowed: kernel, step, tests" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
@@ -44,6 +45,11 @@ case "$part" in
     wait
     grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
     for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6; done
+    ;;
+  tests)
+    python -m pytest tests -m gpu -q -n 4 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log"
+    tail -1 "$out/gpu_tests.log"
     ;;
 esac
 cat "$out/gpu.txt"
