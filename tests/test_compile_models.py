@@ -833,6 +833,31 @@ def test_turbo_write_calls_no_matmul_and_launches_no_more_kernels_than_dense(dev
     assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
 
 
+def test_the_cpu_triton_schedule_takes_the_gpus_fusion_decisions():
+    """The scheduler functions whose GPU answers ``compat`` gives the CPU's Triton schedule exist and
+    ask ``is_gpu`` (a torch that renamed them would silently bring back CPU decisions, under which a
+    3-bit turbo layer's K and V stores fused on the CPU and not on the H200), and the patched question
+    answers True for the CPU there only."""
+    import inspect
+
+    from torch._inductor import scheduler
+
+    import turboquant.compat as compat
+
+    deciders = {"_compute_attrs": scheduler.SchedulerNode._compute_attrs, "merge_loops": scheduler.Scheduler.merge_loops}
+    assert set(deciders) == set(compat._GPU_DECIDERS)
+    assert all("is_gpu" in inspect.getsource(fn) for fn in deciders.values())
+    decide = compat._gpu_scheduling_decisions(lambda device_type: device_type == "cuda")
+
+    def _compute_attrs():
+        return decide("cpu"), decide("cuda")
+
+    def create_backend():
+        return decide("cpu")
+
+    assert _compute_attrs() == (True, True) and create_backend() is False
+
+
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
     """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
     import transformers
