@@ -844,7 +844,8 @@ def test_the_cpu_triton_schedule_takes_the_gpus_fusion_decisions():
 
     import turboquant.compat as compat
 
-    deciders = {"_compute_attrs": scheduler.SchedulerNode._compute_attrs, "merge_loops": scheduler.Scheduler.merge_loops}
+    deciders = {"_compute_attrs": scheduler.SchedulerNode._compute_attrs,
+                "merge_loops": scheduler.Scheduler.merge_loops}
     assert set(deciders) == set(compat._GPU_DECIDERS)
     assert all("is_gpu" in inspect.getsource(fn) for fn in deciders.values())
     decide = compat._gpu_scheduling_decisions(lambda device_type: device_type == "cuda")

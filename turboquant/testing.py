@@ -1,4 +1,5 @@
-"""Tiny random-weight transformers models of each supported family (tests, coverage benchmark).
+"""Tiny random-weight transformers models of each supported family (tests, coverage benchmark), and
+the kernels a compiled model's generated code launches.
 
 Nothing is downloaded: every model is built from a small config.
 """

@@ -72,10 +72,10 @@ MIN_TILE_ROWS = 4
 # Batch × KV heads × keys at most for which a call outside a CUDA graph runs one split (no merge
 # launch, no partials): at batch 1 a decode step is bound by the host launching kernels (H200,
 # 16-layer 1B model at 1 × 1K: ~0.45–0.6 ms of host time per layer against tens of µs of attention
-# on the GPU), so a launch and an allocation fewer is worth more than the splits' parallelism,
-# though one split is slow on the GPU (H100, 1 × 1056 keys, µs a call, one → 4 splits: turbo-3 61.9 → 22.4,
-# turbo-4 31.3 → 20.1, affine-4 28.7 → 20.3; ``benchmarks/attention_call_host.py --variants``), yet the
-# step ran slower or equal with the splits (H200, 1B model at 1 × 1K, vs bf16, default → splits,
+# on the GPU), so a launch and an allocation fewer is worth more than the splits' parallelism. One
+# split is slow on the GPU (H100, 1 × 1056 keys, µs a call, one → 4 splits: turbo-3 61.9 → 22.4,
+# turbo-4 31.3 → 20.1, affine-4 28.7 → 20.3; ``benchmarks/attention_call_host.py --variants``), but
+# the step ran slower or equal with splits (H200, 1B model at 1 × 1K, vs bf16, one split → splits,
 # ``benchmarks/decode_step_host.py SETTING/splits``, 2026-12-05, ``benchmarks/results/session33_gpu/``):
 # turbo-3 0.926 → 0.851×, turbo-8 0.962 → 0.914×, turbo-4 0.956 → 0.910×, affine-4 1.023 → 1.021×.
 # A call captured into a CUDA graph launches nothing from the host and splits as usual.
