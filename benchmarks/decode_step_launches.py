@@ -16,7 +16,6 @@ setting on a GPU.
 """
 
 import argparse
-import copy
 import os
 import re
 import sys
@@ -26,31 +25,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from turboquant.bench.e2e import E2E_ARCH, build_model, compiled_setting  # noqa: E402
-from turboquant.compat import run_and_get_code, triton_wrapper_code_on_cpu  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
-from turboquant.testing import launched_kernels  # noqa: E402
+from turboquant.testing import decode_step_wrapper, launched_kernels  # noqa: E402
 
 COLUMNS = ["setting", "device", "layers", "cache_len", "launches", "launches_per_layer", "allocations",
            "attention_calls"]
-
-
-def step_wrapper(model, device: str, cache_len: int) -> str:
-    """The generated wrapper source of ``model``'s decode step (batch 1, static cache, 9 tokens in)."""
-    import transformers
-
-    from turboquant.integrations.transformers import cache_kwarg
-
-    cache = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
-    kw = {cache_kwarg(model.forward): cache}
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, 10), generator=torch.Generator().manual_seed(0)).to(device)
-    with torch.no_grad():
-        model(ids[:, :9], cache_position=torch.arange(9, device=device), **kw)
-        step = (ids[:, 9:], torch.tensor([9], device=device))
-        if device == "cpu":
-            return triton_wrapper_code_on_cpu(model, step[0], cache_position=step[1], **kw)
-        _, sources = run_and_get_code(model, step[0], cache_position=step[1], **kw)
-        return sources[-1]
 
 
 def run(settings, device="cuda", layers=1, cache_len=1057, out="."):
@@ -59,8 +38,7 @@ def run(settings, device="cuda", layers=1, cache_len=1057, out="."):
     rows = []
     for setting in settings:
         torch._dynamo.reset()
-        model = compiled_setting(copy.deepcopy(base) if setting == "bf16" else base, setting)
-        src = step_wrapper(model, device, cache_len)
+        src = decode_step_wrapper(compiled_setting(base, setting), cache_len)  # compiles a copy of base
         kernels = launched_kernels(src)
         allocations = len(re.findall(r"\bempty_strided_(?:cuda|cpu)\(", src))
         rows.append({"setting": setting, "device": device, "layers": layers, "cache_len": cache_len,

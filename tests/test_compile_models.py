@@ -17,7 +17,7 @@ import turboquant
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.compat import dynamo_counters, run_and_get_code, triton_wrapper_code_on_cpu
 from turboquant.integrations.transformers import cache_kwarg
-from turboquant.testing import launched_kernels, left_padded_batch, tiny_hf_model
+from turboquant.testing import decode_step_wrapper, launched_kernels, left_padded_batch, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -861,18 +861,7 @@ def test_the_cpu_triton_schedule_takes_the_gpus_fusion_decisions():
 
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
     """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
-    import transformers
-
-    from turboquant.integrations.transformers import quantize_cache
-
-    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
-    if quantized is not None:
-        quantize_cache(cache, lambda i: quantized)
-    kw = {cache_kwarg(model.forward): cache}
-    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        model(ids, cache_position=torch.arange(9), **kw)
-        return launched_kernels(triton_wrapper_code_on_cpu(model, ids[:, :1], cache_position=torch.tensor([9]), **kw))
+    return launched_kernels(decode_step_wrapper(model, 16, quantized))
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

@@ -11,7 +11,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["FAMILIES", "KERNEL_REL_TOL", "tiny_hf_model", "left_padded_batch", "launched_kernels"]
+__all__ = ["FAMILIES", "KERNEL_REL_TOL", "tiny_hf_model", "left_padded_batch", "launched_kernels",
+           "decode_step_wrapper"]
 
 # relative error a kernel may add against the float64 oracle on the same codes (bf16-class output;
 # issue 4): the decode-kernel tests assert it, the generation tests build their noise floor on it
@@ -72,3 +73,27 @@ def launched_kernels(wrapper: str) -> list:
     """The Triton kernels an Inductor wrapper source launches, in order (a kernel launched twice appears twice)."""
     names = re.findall(r"(triton_\w+) = async_compile", wrapper)
     return re.findall(r"\b(" + "|".join(names) + r")\.run\(", wrapper) if names else []
+
+
+def decode_step_wrapper(model, cache_len: int, quantized=None) -> str:
+    """The generated wrapper source of a compiled transformers ``model``'s decode step: a static cache
+    of ``cache_len`` keys (quantized with the ``KVQuantConfig`` ``quantized`` where given), 9 tokens
+    prefilled, one more. On CUDA the code Inductor compiles and runs; on the CPU its Triton schedule
+    (:func:`turboquant.compat.triton_wrapper_code_on_cpu`, no kernel compiled)."""
+    import transformers
+
+    from .compat import run_and_get_code, triton_wrapper_code_on_cpu
+    from .integrations.transformers import cache_kwarg, quantize_cache
+
+    device = next(model.parameters()).device
+    cache = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
+    if quantized is not None:
+        quantize_cache(cache, lambda i: quantized)
+    kw = {cache_kwarg(model.forward): cache}
+    ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(0)).to(device)
+    step = ids[:, 9:], torch.tensor([9], device=device)
+    with torch.no_grad():
+        model(ids[:, :9], cache_position=torch.arange(9, device=device), **kw)
+        if device.type == "cpu":
+            return triton_wrapper_code_on_cpu(model, step[0], cache_position=step[1], **kw)
+        return run_and_get_code(model, step[0], cache_position=step[1], **kw)[1][-1]
