@@ -17,7 +17,11 @@ subclasses, and in the attention op's launcher (``templates.decode_attention.dec
 each timed with ``perf_counter`` around the call, and in Python's garbage collections.
 ``SETTING/splits``: SETTING's compiled model again, timed with the attention kernel's host-bound
 plan off (``HOST_BOUND_KEY_ROWS = 0``: calls split as inside a CUDA graph, a merge launch more).
-Prints a table and writes CSV.
+``vs_bf16`` compares those least times; ``vs_bf16_paired`` is the median over rounds of the two
+settings' ratio within a round (robust to the host's speed drifting between rounds). ``kernel_launch_ms``:
+the part of the launcher in the compiled kernel's launch call; ``--diagnose`` adds ``gpu_busy_calls``
+(attention calls per step that found the GPU still busy); ``--trace`` writes a torch.profiler trace per
+setting. Prints a table and writes CSV.
 """
 
 import argparse
@@ -26,6 +30,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import statistics
 import sys
 import time
 
@@ -39,8 +44,8 @@ from turboquant.compat import dynamo_counters, wrap_aot_subclass_unwrap  # noqa:
 from turboquant.demo import timed_generate  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
 
-COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "forward_ms", "aot_unwrap_ms", "attention_launch_ms",
-           "gc_ms"]
+COLUMNS = ["setting", "mode", "context", "ms_per_step", "vs_bf16", "vs_bf16_paired", "forward_ms", "aot_unwrap_ms",
+           "attention_launch_ms", "kernel_launch_ms", "gc_ms", "gpu_busy_calls"]
 
 
 def _timer(acc, name):
@@ -56,7 +61,18 @@ def _timer(acc, name):
     return wrap
 
 
-PARTS = ("forward", "aot_unwrap", "attention_launch", "gc")
+PARTS = ("forward", "aot_unwrap", "attention_launch", "kernel_launch", "gc")
+
+
+def _count_busy(acc, fn):
+    """``fn`` that first counts, in ``acc["gpu_busy"]``, the calls that find the GPU still running earlier work
+    (a stream query, ~1–2 µs: only with ``--diagnose``). A host-bound step finds it idle; a launcher
+    whose time grows with its kernel's GPU time would find it busy."""
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        acc["gpu_busy"] += not torch.cuda.current_stream().query()
+        return fn(*args, **kwargs)
+    return counted
 
 
 def _time_gc(acc):
@@ -99,6 +115,7 @@ def _per_step(prefill: dict, whole: dict, steps: int) -> dict:
     row = {"ms_per_step": 1e3 * (whole["wall"] - prefill["wall"]) / steps}
     for name in PARTS:
         row[f"{name}_ms"] = 1e3 * (whole.get(name, 0.0) - prefill.get(name, 0.0)) / steps
+    row["gpu_busy_calls"] = (whole.get("gpu_busy", 0.0) - prefill.get("gpu_busy", 0.0)) / steps
     return row
 
 
@@ -192,17 +209,49 @@ def cuda_missing(args) -> bool:
     return False
 
 
-def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None, turns=None):
+def _paired_ratio(base_rounds, rounds) -> float:
+    """The median over rounds of bf16's step time over the setting's in the same round. The host's speed
+    drifts within a call (bf16 6.8 to 11.9 ms per step on one H200 host, 2026-12-05), and ``vs_bf16``
+    (each side's least over all rounds) then compares a fast phase of one with a slow phase of the
+    other; a round's two timings are seconds apart."""
+    if not base_rounds:
+        return float("nan")
+    return statistics.median(b / t for b, t in zip(base_rounds, rounds))
+
+
+def _trace(model, ids, new_tokens, path, **kw):
+    """torch.profiler's trace of one whole generate, host and GPU (Chrome trace JSON, gzipped, at ``path``):
+    when each launch starts and ends on the host against when its kernel runs."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timed_generate(model, ids, new_tokens, **kw)
+    raw = path[: -len(".gz")]
+    prof.export_chrome_trace(raw)
+    with open(raw, "rb") as f, gzip.open(path, "wb") as g:
+        shutil.copyfileobj(f, g)
+    os.remove(raw)
+    return path
+
+
+def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mode=None, profile_dir=None, turns=None,
+        diagnose=False, trace_dir=None):
     acc = collections.defaultdict(float)
     restore = wrap_aot_subclass_unwrap(_timer(acc, "aot_unwrap"))
     restore_triton = _time_triton_compiles(acc)
     restore_gc = _time_gc(acc)
-    launcher = kernel.decode_attention
+    launcher, kernel_call = kernel.decode_attention, kernel._Launch.__call__
     kernel.decode_attention = _timer(acc, "attention_launch")(launcher)
+    if diagnose:
+        kernel.decode_attention = _count_busy(acc, kernel.decode_attention)
+    kernel._Launch.__call__ = _timer(acc, "kernel_launch")(kernel_call)  # the compiled kernel's launch alone
     base, ids = step_inputs(context, device, tiny)
     kw = dict(cache_implementation="static")
     steps = new_tokens - 1
-    models, best = {}, {}
+    models, best, per_round = {}, {}, {}
     plan_caches = {False: kernel._PLANS}  # the compiles' warm-ups made the default plans
     try:
         # every setting compiled first, then timed in interleaved rounds: the machine's host speed
@@ -245,21 +294,29 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
                             for name in ("wall", *PARTS):
                                 t = times.get(name, 0.0)
                                 least[run][name] = min(least[run].get(name, t), t)
-                        print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in
-                                                          _per_step(prefill, whole, steps).items()), flush=True)
+                        step_ms = _per_step(prefill, whole, steps)
+                        per_round.setdefault(setting, []).append(step_ms["ms_per_step"])
+                        print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in step_ms.items()), flush=True)
                 if profile_dir:
                     os.makedirs(profile_dir, exist_ok=True)
                     for setting, model in models.items():
                         path = os.path.join(profile_dir, f"profile_{setting.replace('/', '_')}.txt")
                         with _plans_of(setting, plan_caches):
                             print(f"wrote {_profile(model, ids, new_tokens, path, **kw)}")
+                if trace_dir:
+                    os.makedirs(trace_dir, exist_ok=True)
+                    for setting, model in models.items():
+                        path = os.path.join(trace_dir, f"trace_{setting.replace('/', '_')}.json.gz")
+                        with _plans_of(setting, plan_caches):
+                            timed_generate(model, ids, new_tokens, **kw)  # its graphs back at the front
+                            print(f"wrote {_trace(model, ids, new_tokens, path, **kw)}")
         skips = dynamo_counters()["inductor"]["cudagraph_skips"]
         print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:
         restore()
         restore_triton()
         restore_gc()
-        kernel.decode_attention = launcher
+        kernel.decode_attention, kernel._Launch.__call__ = launcher, kernel_call
         models.clear()
         torch._dynamo.reset()
     rows = [{"setting": setting, "mode": mode or "default", "context": context, **_per_step(least["prefill"], least["whole"], steps)}
@@ -267,6 +324,7 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
     base_ms = next((r["ms_per_step"] for r in rows if r["setting"] == "bf16"), None)
     for r in rows:
         r["vs_bf16"] = base_ms / r["ms_per_step"] if base_ms else float("nan")
+        r["vs_bf16_paired"] = _paired_ratio(per_round.get("bf16"), per_round[r["setting"]])
     return rows
 
 
@@ -279,11 +337,18 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, a cProfile of one generate per setting (profile_<setting>.txt in --out, "
                         "/ as _)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="count the attention calls that find the GPU still busy (gpu_busy_calls per step; adds a "
+                        "stream query to each call)")
+    p.add_argument("--trace", action="store_true",
+                   help="after the rounds, a torch.profiler trace of one generate per setting "
+                        "(trace_<setting>.json.gz in --out, / as _)")
     args = p.parse_args(argv)
     if cuda_missing(args):
         return 2
     rows = run(args.settings, args.context, args.new_tokens, args.device, args.tiny, args.repeats, args.mode,
-               profile_dir=args.out if args.profile else None, turns=args.turns)
+               profile_dir=args.out if args.profile else None, turns=args.turns, diagnose=args.diagnose,
+               trace_dir=args.out if args.trace else None)
     print(format_table(rows, COLUMNS))
     print(f"wrote {write_csv(rows, os.path.join(args.out, 'decode_step_host.csv'), COLUMNS)}")
     return 0

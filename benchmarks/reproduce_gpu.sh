@@ -6,6 +6,8 @@
 #                                                   # steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
 #   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
 #
+# STEP_SETTINGS="turbo-3 turbo-4" narrows the step part to those settings (each still against bf16).
+#
 # OUT (default benchmarks/results/gpu_run): logs and CSVs; a short table is printed last. Runs from a
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
@@ -31,7 +33,7 @@ case "$part" in
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
     ;;
   step)
-    settings=(turbo-8 turbo-4 turbo-3 affine-4)
+    read -r -a settings <<< "${STEP_SETTINGS:-turbo-8 turbo-4 turbo-3 affine-4}"
     # the Triton kernels one layer's compiled step launches per setting (a kernel more is ~0.3 ms a step)
     python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
       > "$out/launches.log" 2>&1

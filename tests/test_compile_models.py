@@ -725,9 +725,9 @@ def test_quantize_on_write_launches_no_kernel_of_its_own(device, backend, bits):
     assert len(quantized_kernels) <= len(dense_kernels), (quantized_kernels, dense_kernels)
     writes = [k for k in quantized_kernels if "index_put" in k]
     assert writes and all("amax" in k and "round" in k for k in writes), quantized_kernels
-    if backend == "triton":  # one launch per cache write: 2 layers × K and V; a layer's K and V 3-bit
-        # stores read one copy of the packing's shift tables, and Inductor makes them one kernel
-        assert len(writes) == (2 if bits == 3 else 4), quantized_kernels
+    if backend == "triton":  # one launch per cache write: 2 layers × K and V (a layer's K and V affine
+        # stores read no common table at any width, so Inductor keeps them apart)
+        assert len(writes) == 4, quantized_kernels
 
 
 @pytest.mark.parametrize("method, bits", [("affine", 4), ("affine", 3), ("turbo", 3)])
@@ -859,6 +859,25 @@ def test_the_cpu_triton_schedule_takes_the_gpus_fusion_decisions():
     assert _compute_attrs() == (True, True) and create_backend() is False
 
 
+def test_the_cpu_triton_schedule_inlines_as_a_gpu_does():
+    """The CPU's Triton schedule stores a pointwise value rather than inlining it where a GPU would:
+    Inductor's GPU thresholds (ops of an expression, buffers it has read) for every device, where newer
+    torch gives CPU nodes higher ones. Under the CPU's, a turbo-3 row's packing (12 buffer reads) was
+    inlined into its store on the CPU schedule while an H100 and an H200 stored it first and launched
+    the store as a kernel of its own."""
+    import turboquant.compat as compat
+
+    cfg = torch._inductor.config
+    patched = compat._gpu_realize_thresholds()
+    for name, default in (("realize_opcount_threshold", "_realize_opcount_threshold_default"),
+                          ("realize_acc_reads_threshold", "_realize_acc_reads_threshold_default")):
+        if getattr(cfg, name, 0) is None and hasattr(cfg, default):
+            assert patched[name] == getattr(cfg, default)
+    if hasattr(cfg, "realize_cpu_acc_reads_threshold"):  # the torch this guards against: CPU nodes inline more
+        assert patched["realize_acc_reads_threshold"] < cfg.realize_cpu_acc_reads_threshold
+        assert patched["realize_opcount_threshold"] < cfg.realize_cpu_opcount_threshold
+
+
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
     """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
     return launched_kernels(decode_step_wrapper(model, 16, quantized))
@@ -879,7 +898,9 @@ def test_a_turbo_write_is_its_rotation_and_its_store_fused_with_the_producer(bit
     every width: 3-bit stores had stayed apart on the H200 (a kernel per layer more than 4-bit's in its
     step, 2026-12-05) while the CPU schedule fused them, until that schedule took the GPU's dependency
     decisions (``compat._GPU_DECIDERS``) and the 2- and 3-bit codebooks became tables Inductor does not
-    inline (``turbo._table_row``)."""
+    inline (``turbo._table_row``); and stayed apart on an H100 still, a 3-bit row's packing read past the
+    GPU's inlining thresholds (``compat._gpu_realize_thresholds``) until it read no shift tables
+    (``packing.pack_sources``; 13 launches per layer for turbo-3 and turbo-4 on the H200 since)."""
     # the heads of the 1B benchmark's layer (32 query, 8 KV): with 2 KV heads 3-bit stores fused either way
     base = tiny_hf_model("llama", head_dim=128, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8,
                          hidden_size=256)

@@ -118,7 +118,8 @@ def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
             return load(cls, key, path, *args, **kwargs)
         return wrapper(src, path, kwargs.get("attrs", args[1] if len(args) > 1 else None) or {})
 
-    stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False))
+    stack.enter_context(torch._inductor.config.patch(cpu_backend="triton", fx_graph_cache=False,
+                                                     **_gpu_realize_thresholds()))
     stack.enter_context(mock.patch.object(triton_utils, "triton_hash_with_backend", lambda: "cpu-schedule"))
     stack.enter_context(mock.patch.object(triton_utils, "triton_backend", lambda: None))
     stack.enter_context(mock.patch.object(async_compile.AsyncCompile, "triton",
@@ -132,6 +133,21 @@ def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
 # its loops merge after fusion. With CPU decisions, a 3-bit turbo cache's K and V stores fused on the
 # CPU schedule and not on the H200, whose step launched a kernel per layer more (2026-12-05).
 _GPU_DECIDERS = ("_compute_attrs", "merge_loops")
+
+
+def _gpu_realize_thresholds() -> dict:
+    """Inductor's thresholds for storing a pointwise value rather than inlining it into its users, at
+    their GPU values for every device. Newer torch gives CPU nodes higher ones (more ops, more reads
+    accumulated: ``realize_cpu_opcount_threshold``, ``realize_cpu_acc_reads_threshold``), and a value
+    realized on the GPU but inlined on the CPU changes what fuses: turbo-3's packed bytes, reading 12
+    buffers (four slot codes, a shift table twice per slot) past the GPU's 8, were a buffer of their own
+    on an H100 and their store a kernel of its own, where the CPU schedule inlined them. An explicit
+    threshold overrides the per-device ones."""
+    cfg = torch._inductor.config
+    pairs = (("realize_opcount_threshold", "_realize_opcount_threshold_default"),
+             ("realize_acc_reads_threshold", "_realize_acc_reads_threshold_default"))
+    return {name: getattr(cfg, default) for name, default in pairs
+            if hasattr(cfg, name) and getattr(cfg, name) is None and hasattr(cfg, default)}
 
 
 def _gpu_scheduling_decisions(is_gpu):

@@ -21,7 +21,6 @@ import functools
 
 import torch
 
-from .constants import as_constant
 
 __all__ = ["CODES_PER_BLOCK", "BYTES_PER_BLOCK", "packed_size", "pack_codes", "unpack_codes", "byte_sources",
            "slot_owners", "pack_sources"]
@@ -134,25 +133,24 @@ def slot_owners(bits: int, device=None) -> list:
     return owners
 
 
-def _slot_shifts(bits: int, i: int) -> torch.Tensor:
-    """How far slot ``i``'s code moves into each byte of a packed block (``int32 [bytes, 1]``; negative:
-    to the right), from :func:`_source_table`."""
-    table = _source_table(bits)
-    return torch.tensor([[table[k][i][1]] for k in range(len(table))], dtype=torch.int32)
-
-
 def pack_sources(codes: list, bits: int) -> torch.Tensor:
     """Packed rows (``uint8 [..., packed_size(n, bits)]``, as :func:`pack_codes`) from the int32
-    codes of :func:`byte_sources`' slots."""
+    codes of :func:`byte_sources`' slots.
+
+    Slot ``i``'s code sits ``bits · i`` bits up; a 3-bit plane ``k``'s slots start at code ``t_k`` of the
+    24-bit word, ``3 t_k − 8k`` bits from the byte's start (0, −2, −1: a right shift, the one select over
+    the plane index), and a padding slot lands past the byte, where the final mask drops it. No table:
+    with a shift table per slot, read for both directions, a row's packing read 12 buffers, past the 8
+    after which Inductor stores a GPU node's value rather than inline it into its users (and 31 ops, past
+    its 30), and the cache store became a kernel of its own (turbo-3 on an H100, 2026-12-05)."""
     table = _source_table(bits)
-    packed = None
-    for i, c in enumerate(codes):
-        if len(table) == 1:
-            field = c << table[0][i][1]
-        else:
-            shift = as_constant(_slot_shifts, bits, i, device=c.device)
-            field = (c << shift.clamp(min=0)) >> (-shift).clamp(min=0)
-        packed = field if packed is None else packed | field
+    packed = functools.reduce(torch.bitwise_or, [c << (bits * i) if i else c for i, c in enumerate(codes)])
+    if len(table) > 1:
+        plane = torch.arange(len(table), device=packed.device, dtype=torch.int32)[:, None]
+        right = torch.zeros_like(plane)
+        for k in range(1, len(table)):
+            right = torch.where(plane == k, -table[k][0][1], right)
+        packed = packed >> right
     packed = packed & 0xFF
     # contiguous, as pack_codes' reduction output is: pointwise ops keep their input's layout
     # (a transposed K projection), and the cache mirrors its codes' strides in its own

@@ -218,9 +218,8 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
     # [1, n] tables: Inductor inlines a 1-D constant of up to 8 entries (2- and 3-bit codebooks) as
-    # literals, and then a layer's K and V stores share no buffer to fuse over on a GPU (3-bit ones
-    # share packing's shift tables, whose reads match on the CPU's schedule, not on a GPU's): a kernel
-    # more per layer and decode step (H200, 2026-12-05; docs/design.md)
+    # literals, and then a layer's K and V stores share no buffer to fuse over on a GPU: a kernel more
+    # per layer and decode step (H200, 2026-12-05; docs/design.md)
     bounds = as_constant(_table_row, _level_boundaries, d, bits, device=x.device, dtype=xw.dtype)[0]
     codes = [_codebook_search(v, bounds) for v in slots]
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
