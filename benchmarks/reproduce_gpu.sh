@@ -2,20 +2,22 @@
 # The GPU figures RESULTS.md leads with, and the GPU tests, in one command per part:
 #
 #   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K and 1K, then the decode kernel's GPU tests (~8 min)
-#   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: each setting's kernel launches per layer, then batch 1 x 1K decode
-#                                                   # steps in default mode, turbo-8/4/3 and affine-4 against bf16 (~8 min)
+#   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: batch 1 x 1K decode steps in default mode, affine and turbo
+#                                                   # at 8/4/3 bits against bf16, five paired rounds each (~7 min)
+#   bash benchmarks/reproduce_gpu.sh launches [OUT] # the Triton kernels one layer's compiled decode step launches, per
+#                                                   # setting (~1 min a setting)
 #   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
 #
-# STEP_SETTINGS="turbo-3 turbo-4" narrows the step part to those settings (each still against bf16).
+# STEP_SETTINGS="turbo-3 turbo-4" narrows the step and launches parts to those settings (each against bf16).
 #
 # OUT (default benchmarks/results/gpu_run): logs and CSVs; a short table is printed last. Runs from a
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step|tests [OUT]}
+part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests [OUT]}
 out=${2:-benchmarks/results/gpu_run}
-if [[ "$part" != kernel && "$part" != step && "$part" != tests ]]; then
-  echo "unknown part '$part'; allowed: kernel, step, tests" >&2
+if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests ]]; then
+  echo "unknown part '$part'; allowed: kernel, step, launches, tests" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
@@ -33,20 +35,24 @@ case "$part" in
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
     ;;
   step)
-    read -r -a settings <<< "${STEP_SETTINGS:-turbo-8 turbo-4 turbo-3 affine-4}"
-    # the Triton kernels one layer's compiled step launches per setting (a kernel more is ~0.3 ms a step)
-    python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
-      > "$out/launches.log" 2>&1
-    # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns)
+    read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"
+    # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns);
+    # vs_bf16_paired (the median of same-round ratios) is the figure to quote: the host's speed drifts
     turns=$(mktemp -d)
     trap 'rm -rf "$turns"' EXIT
     for s in "${settings[@]}"; do
-      python benchmarks/decode_step_host.py --settings bf16 "$s" --repeats 3 --turns "$turns" ${#settings[@]} \
+      python benchmarks/decode_step_host.py --settings bf16 "$s" --repeats 5 --turns "$turns" ${#settings[@]} \
         --out "$out/$s" > "$out/step_$s.log" 2>&1 &
     done
     wait
+    for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6,7; done
+    ;;
+  launches)
+    read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"
+    # a kernel more per layer is ~0.3 ms of a batch-1 step's host time
+    python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
+      > "$out/launches.log" 2>&1
     grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
-    for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6; done
     ;;
   tests)
     python -m pytest tests -m gpu -q -n 4 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
