@@ -297,19 +297,17 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
                         step_ms = _per_step(prefill, whole, steps)
                         per_round.setdefault(setting, []).append(step_ms["ms_per_step"])
                         print(f"{setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in step_ms.items()), flush=True)
-                if profile_dir:
-                    os.makedirs(profile_dir, exist_ok=True)
+                for folder, name, record in ((profile_dir, "profile_{}.txt", _profile),
+                                             (trace_dir, "trace_{}.json.gz", _trace)):
+                    if not folder:
+                        continue
+                    os.makedirs(folder, exist_ok=True)
                     for setting, model in models.items():
-                        path = os.path.join(profile_dir, f"profile_{setting.replace('/', '_')}.txt")
+                        path = os.path.join(folder, name.format(setting.replace("/", "_")))
                         with _plans_of(setting, plan_caches):
-                            print(f"wrote {_profile(model, ids, new_tokens, path, **kw)}")
-                if trace_dir:
-                    os.makedirs(trace_dir, exist_ok=True)
-                    for setting, model in models.items():
-                        path = os.path.join(trace_dir, f"trace_{setting.replace('/', '_')}.json.gz")
-                        with _plans_of(setting, plan_caches):
-                            timed_generate(model, ids, new_tokens, **kw)  # its graphs back at the front
-                            print(f"wrote {_trace(model, ids, new_tokens, path, **kw)}")
+                            if record is _trace:
+                                timed_generate(model, ids, new_tokens, **kw)  # its graphs back at the front
+                            print(f"wrote {record(model, ids, new_tokens, path, **kw)}")
         skips = dynamo_counters()["inductor"]["cudagraph_skips"]
         print(f"CUDA-graph skips: {skips}" + (" (mode reduce-overhead)" if mode == "reduce-overhead" else ""), flush=True)
     finally:

@@ -27,6 +27,7 @@ fi
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader > "$out/gpu.txt"
+read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"  # step, launches
 case "$part" in
   kernel)
     python benchmarks/decode_attention.py --contexts 32768 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
@@ -35,7 +36,6 @@ case "$part" in
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
     ;;
   step)
-    read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"
     # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns);
     # vs_bf16_paired (the median of same-round ratios) is the figure to quote: the host's speed drifts
     turns=$(mktemp -d)
@@ -48,7 +48,6 @@ case "$part" in
     for s in "${settings[@]}"; do grep -E "^\| *$s " "$out/step_$s.log" | cut -d'|' -f2,5,6,7; done
     ;;
   launches)
-    read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"
     # a kernel more per layer is ~0.3 ms of a batch-1 step's host time
     python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
       > "$out/launches.log" 2>&1

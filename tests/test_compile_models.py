@@ -869,8 +869,7 @@ def test_the_cpu_triton_schedule_inlines_as_a_gpu_does():
 
     cfg = torch._inductor.config
     patched = compat._gpu_realize_thresholds()
-    for name, default in (("realize_opcount_threshold", "_realize_opcount_threshold_default"),
-                          ("realize_acc_reads_threshold", "_realize_acc_reads_threshold_default")):
+    for name, default in compat._REALIZE_THRESHOLDS:
         if getattr(cfg, name, 0) is None and hasattr(cfg, default):
             assert patched[name] == getattr(cfg, default)
     if hasattr(cfg, "realize_cpu_acc_reads_threshold"):  # the torch this guards against: CPU nodes inline more

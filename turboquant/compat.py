@@ -135,6 +135,11 @@ def _triton_schedule_on_cpu(stack, kernel, wrapper) -> None:
 _GPU_DECIDERS = ("_compute_attrs", "merge_loops")
 
 
+# (Inductor's realize threshold option, its GPU default): None in the option means per device
+_REALIZE_THRESHOLDS = (("realize_opcount_threshold", "_realize_opcount_threshold_default"),
+                       ("realize_acc_reads_threshold", "_realize_acc_reads_threshold_default"))
+
+
 def _gpu_realize_thresholds() -> dict:
     """Inductor's thresholds for storing a pointwise value rather than inlining it into its users, at
     their GPU values for every device. Newer torch gives CPU nodes higher ones (more ops, more reads
@@ -144,9 +149,7 @@ def _gpu_realize_thresholds() -> dict:
     on an H100 and their store a kernel of its own, where the CPU schedule inlined them. An explicit
     threshold overrides the per-device ones."""
     cfg = torch._inductor.config
-    pairs = (("realize_opcount_threshold", "_realize_opcount_threshold_default"),
-             ("realize_acc_reads_threshold", "_realize_acc_reads_threshold_default"))
-    return {name: getattr(cfg, default) for name, default in pairs
+    return {name: getattr(cfg, default) for name, default in _REALIZE_THRESHOLDS
             if hasattr(cfg, name) and getattr(cfg, name) is None and hasattr(cfg, default)}
 
 
