@@ -877,6 +877,30 @@ def test_the_cpu_triton_schedule_inlines_as_a_gpu_does():
         assert patched["realize_opcount_threshold"] < cfg.realize_cpu_opcount_threshold
 
 
+def test_turboquant_compiles_with_inductors_inlining_threshold_raised(monkeypatch):
+    """turboquant's graphs compile with Inductor's op-count threshold for inlining a pointwise value raised
+    (``compat.INLINE_OPCOUNT``), unless the caller set one. At the GPU's 30, a K cache write's expression
+    (the model's RoPE with its emulated casts and the write's finiteness test, some 35 ops) had pieces
+    stored by a pointwise kernel of its own: on the H200 the 1B Llama's decode step launched 13 Triton
+    kernels per layer for turbo-4 and turbo-3 and 12 for affine-4 and affine-3; 12 and 11 with the
+    threshold raised (bf16: 13). The CPU schedule does not show it (there ``cat`` is a kernel of its own,
+    and K's RoPE arrives as a buffer), so this checks the setting itself."""
+    import turboquant.compat as compat
+    from torch._inductor import compile_fx
+
+    cfg = torch._inductor.config
+    if not hasattr(cfg, "realize_opcount_threshold"):
+        pytest.skip("this torch has no realize_opcount_threshold")
+    assert compat._inlining() == {"realize_opcount_threshold": compat.INLINE_OPCOUNT}
+    assert compat.INLINE_OPCOUNT > getattr(cfg, "_realize_opcount_threshold_default", 30)
+    with cfg.patch(realize_opcount_threshold=17):  # the caller's setting wins
+        assert compat._inlining() == {}
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, config_patches: seen.append(config_patches))
+    compat.inductor_compile(None, [])
+    assert seen[0]["realize_opcount_threshold"] == compat.INLINE_OPCOUNT
+
+
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
     """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
     return launched_kernels(decode_step_wrapper(model, 16, quantized))

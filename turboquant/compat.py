@@ -30,6 +30,7 @@ def inductor_compile(gm, example_inputs, mode=None, post_grad_pass=None):
     if mode not in (None, "default"):
         patches = dict(torch._inductor.list_mode_options(mode))
     patches.update(_eager_numerics())
+    patches.update(_inlining())
     if post_grad_pass is not None and torch._inductor.config.post_grad_custom_pre_pass is None:
         patches["post_grad_custom_pre_pass"] = post_grad_pass
     return compile_fx(gm, example_inputs, config_patches=patches)
@@ -48,6 +49,27 @@ def _eager_numerics() -> dict:
     elif hasattr(config, "emulate_divison_rounding"):  # older spelling
         patches["emulate_divison_rounding"] = True
     return patches
+
+
+# Ops a pointwise expression may hold and still be inlined into its users (Inductor's GPU default: 30)
+INLINE_OPCOUNT = 64
+
+
+def _inlining() -> dict:
+    """Inductor's op count past which a pointwise value is stored rather than inlined, raised for the graphs
+    turboquant compiles. A K cache write's expression holds the model's RoPE, and with :func:`_eager_numerics`'
+    emulated casts and the write's finiteness test that is some 35 ops: past the GPU's 30, so Inductor
+    stored pieces of it (RoPE's rotate-half term, the finiteness mask) with a pointwise kernel of its own,
+    which K's write read back. H200, 1B Llama decode step, Triton launches per layer, 30 → 64: turbo-4 and
+    turbo-3 13 → 12, affine-4 and affine-3 12 → 11 (bf16 13; benchmarks/RESULTS.md, thirty-fifth session).
+    An option set by the caller wins."""
+    cfg = torch._inductor.config
+    if not hasattr(cfg, "realize_opcount_threshold"):
+        return {}
+    # None: per device (newer torch); torch 2.11 holds the GPU's 30 itself
+    if cfg.realize_opcount_threshold in (None, getattr(cfg, "_realize_opcount_threshold_default", 30)):
+        return {"realize_opcount_threshold": INLINE_OPCOUNT}
+    return {}
 
 
 def exact_casts():
