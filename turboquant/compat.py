@@ -64,11 +64,12 @@ def _inlining() -> dict:
     turbo-3 13 → 12, affine-4 and affine-3 12 → 11 (bf16 13; benchmarks/RESULTS.md, thirty-fifth session).
     An option set by the caller wins."""
     cfg = torch._inductor.config
-    if not hasattr(cfg, "realize_opcount_threshold"):
+    name, default = _REALIZE_THRESHOLDS[0]
+    if not hasattr(cfg, name):
         return {}
-    # None: per device (newer torch); torch 2.11 holds the GPU's 30 itself
-    if cfg.realize_opcount_threshold in (None, getattr(cfg, "_realize_opcount_threshold_default", 30)):
-        return {"realize_opcount_threshold": INLINE_OPCOUNT}
+    # None: per device (newer torch); torch 2.11 holds the GPU's 30 itself, with no default beside it
+    if getattr(cfg, name) in (None, getattr(cfg, default, 30)):
+        return {name: INLINE_OPCOUNT}
     return {}
 
 
