@@ -5,6 +5,7 @@
     python benchmarks/decode_sass.py affine 4 --S 32768 --row-groups 1
     python benchmarks/decode_sass.py turbo 4 --S 1024 --no-plane-hadamard   # rotation read as a matrix
     python benchmarks/decode_sass.py affine 2 --head-dim 64
+    python benchmarks/decode_sass.py affine 4 --no-keys-major           # the row-major tile (row groups)
     python benchmarks/decode_sass.py affine 3 --gqa 8 --kv-heads 4 --query-len 2
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
@@ -43,6 +44,7 @@ from turboquant.templates import code_operands as co  # noqa: E402
 from turboquant.templates import decode_attention as da  # noqa: E402
 
 COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_key", "lookup", "plane_hadamard",
+           "keys_major",
            "num_warps", "block_n", "registers", "stack", "shared", "programs_per_sm_fit", "instructions",
            "loop_instructions", "per_key",
            "opcodes"]
@@ -154,6 +156,9 @@ def main(argv=None):
     p.add_argument("--query-sum-tile", action=argparse.BooleanOptionalAction, default=None,
                    help="affine keys' zero points against the query's sums as an MMA-made score tile (default with "
                         "row groups), or a vector")
+    p.add_argument("--keys-major", action=argparse.BooleanOptionalAction, default=None,
+                   help="one-warp affine tiles as scores [keys, rows] and accumulators [dims, rows] (default for "
+                        "2/4/8-bit words), or row-major")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -163,7 +168,7 @@ def main(argv=None):
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
-        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile)
+        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
@@ -176,7 +181,7 @@ def main(argv=None):
     lookup = co._lut_kind.fn(consts["K_LUT"]) or ("gather" if a.method == "turbo" else "")
     row = dict(method=a.method, bits=a.bits, S=a.S, head_dim=a.head_dim, gqa=a.gqa, num_splits=n_parts,
                program_per_key=round(total / split_keys, 2), lookup=lookup,
-               plane_hadamard=consts["K_PLANE_H"], instructions=total,
+               plane_hadamard=consts["K_PLANE_H"], keys_major=consts["KEYS_MAJOR"], instructions=total,
                num_warps=options["num_warps"], block_n=block_n, registers=int(usage.group(1)),
                stack=int(usage.group(2)), shared=shared,
                programs_per_sm_fit=programs_per_sm_fit(int(usage.group(1)), shared, options["num_warps"]),

@@ -429,7 +429,10 @@ def test_block_sums_default_to_long_affine_splits_without_row_groups():
     one_split = _plan_options(KVQuantConfig(method="affine", bits=8), 4096, num_splits=1)[1]
     assert one_split["BLOCK_SUMS"]
     assert not _plan_options(KVQuantConfig(method="affine", bits=8), 1024)[1]["BLOCK_SUMS"]
-    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 4096, num_splits=1, num_warps=1)[1]["BLOCK_SUMS"]
+    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 4096, num_splits=1, num_warps=1,
+                             keys_major=False)[1]["BLOCK_SUMS"]
+    # keys-major tiles have no row groups: every row sums every block of a long split
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, num_splits=1, num_warps=1)[1]["BLOCK_SUMS"]
 
 
 def test_3bit_lane_permutes_put_each_code_in_place():
@@ -696,11 +699,13 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
         mixed = KVQuantConfig(method=method, bits=4, k_bits=8, v_bits=4)  # 4-bit's rule at 1K: four warps
         assert _plan_options(mixed, S, L=L)[0]["num_warps"] == (1 if S >= 2048 else 4)
     assert options["num_stages"] == 3
-    if warps == 1:  # no padding rows beyond the MMA's own; affine 2/3/4-bit fill its 16 rows with row groups,
-        # turbo 4/8-bit tiles of 4 rows take two groups and 3-bit ones four (2-bit none)
+    if warps == 1:  # no padding rows beyond the MMA's own: affine 2/4/8-bit tiles are keys-major, their rows
+        # the MMAs' N side; affine 3-bit fills the 16 rows of M with row groups, turbo 4/8-bit tiles of 4 rows take
+        # two groups and 3-bit ones four (2-bit none)
         turbo_groups = {8: 2, 4: 2, 3: 4, 2: 1}[bits] if S >= 2048 and L == 1 else 1
-        groups = (16 // (4 * L) if bits != 8 else 1) if method == "affine" else turbo_groups
+        groups = (16 // (4 * L) if bits == 3 else 1) if method == "affine" else turbo_groups
         assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
+        assert consts["KEYS_MAJOR"] == (method == "affine" and bits != 3)
     else:  # four warps: GQA 4 × L rows, no padding rows (affine 4-bit at 1K: 16 rows 9.52 µs, 4 rows 7.88, H200)
         assert consts["NG"] == 1 and consts["M"] == 4 * L
     assert consts["SKIP_RESCALE"] == (warps == 1)
@@ -712,9 +717,10 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     (8, 32768, None, 1), ((4, 8), 32768, None, 1),  # 8-bit rows are near the memory's pace without them
 ])
 def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
+    # the row-major tile's rule (2/4/8-bit tiles are keys-major by default: _keys_major)
     k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
     options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), S,
-                                    num_splits=num_splits)
+                                    num_splits=num_splits, keys_major=False)
     assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 4 * groups
 
 
@@ -756,7 +762,8 @@ def test_tiles_of_eight_rows_take_row_groups_but_for_3_bits(bits, groups):
     # two query positions of GQA 4 (or GQA 5-8): 8-row tiles; with two groups 3-bit planes spilled
     # (216 bytes, sm_90 SASS) and take one group, the value block sums with it
     k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
-    options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), 32768, L=2)
+    options, consts = _plan_options(KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits), 32768, L=2,
+                                    keys_major=False)
     assert options["num_warps"] == 1 and consts["NG"] == groups and consts["M"] == 8 * groups
     assert consts["BLOCK_SUMS"] == (groups == 1)
 
@@ -853,7 +860,7 @@ def test_one_warp_programs_rotate_their_walk(method, bits, warps):
 @pytest.mark.parametrize("groups, tile", [(1, True), (4, False), (4, True), (2, True)])
 def test_query_sums_as_a_score_tile_or_a_vector(groups, tile):
     # affine keys' zero points meet Σq as an MMA-made score tile (default with row groups) or a vector
-    assert _plan_options(KVQuantConfig(method="affine", bits=4), 32768)[1]["Q_SUM_TILE"]
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 32768, keys_major=False)[1]["Q_SUM_TILE"]
     assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024)[1]["Q_SUM_TILE"]
     assert not _plan_options(KVQuantConfig(method="turbo", bits=4), 32768)[1]["Q_SUM_TILE"]
     out, ref = _case("affine", 4, 2, B=2, hkv=2, g=4, L=1, S=201, D=64, mask="padded", seed=groups, num_warps=1,
@@ -998,3 +1005,68 @@ def test_register_lut_on_gpu(bits, S, D, lookup):
     gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
     assert _rel(lut, gather.double()) < 1e-3, (_rel(lut, ref), _rel(gather, ref))
     assert _rel(gather, ref) < TOL
+
+
+@pytest.mark.parametrize("bits, g, L, mask, num_splits, D", [
+    ((4, 4), 4, 1, None, 2, 64), ((4, 4), 4, 1, "padded", 1, 64),  # one split normalises in place
+    ((8, 8), 8, 1, "bool", 2, 64), ((2, 2), 4, 2, "causal", 2, 128), ((8, 4), 1, 3, "additive", 3, 64),
+    ((4, 2), 4, 4, "padded", 2, 128), ((2, 8), 8, 2, "bool", 1, 96),  # 16 query rows; head_dim 96
+])
+def test_keys_major_tiles_match_the_oracle(bits, g, L, mask, num_splits, D):
+    # scores [keys, rows] = K·Qᵀ, accumulators [dims, rows] = Vᵀ·Pᵀ (_keys_major): against the oracle and
+    # against the row-major tile on the same codes
+    args = dict(B=2, hkv=2, g=g, L=L, S=201, D=D, mask=mask, seed=sum(bits) + g + L, num_warps=1, block_n=32,
+                num_splits=num_splits)
+    keys, ref = _case("affine", *bits, keys_major=True, **args)
+    rows, _ = _case("affine", *bits, keys_major=False, **args)
+    assert _rel(keys, ref) < TOL
+    assert _rel(keys, rows.double()) < 1e-4
+
+
+@pytest.mark.parametrize("block_sums", [False, True])
+def test_keys_major_softcap_block_sums_and_a_ring(block_sums):
+    from turboquant.ops import overlay_ring
+
+    B, hkv, g, L, S, D, W = 2, 2, 4, 1, 45, 64, 5
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(B, hkv * g, L, D, generator=gen).to(DEVICE)
+    cfg = KVQuantConfig(method="affine", bits=4)
+    kq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg)
+    vq = quantize_kv(torch.randn(B, hkv, S, D, generator=gen).to(DEVICE), cfg, role="v")
+    k_ring = torch.randn(B, hkv, W, D, generator=gen).to(DEVICE)
+    v_ring = torch.randn(B, hkv, W, D, generator=gen).to(DEVICE)
+    ring_pos = torch.tensor([40, 41, 42, 43, 44], device=DEVICE)
+    out = decode_attention(q, kq.codes, kq.meta.flatten(-2), vq.codes, vq.meta.flatten(-2), kq.spec, vq.spec, D,
+                           softcap=4.0, num_splits=2, k_ring=k_ring, v_ring=v_ring, ring_pos=ring_pos, num_warps=1,
+                           block_n=16, keys_major=True, block_sums=block_sums)
+    k = overlay_ring(dequantize_kv(kq).double(), k_ring.double(), ring_pos)
+    v = overlay_ring(dequantize_kv(vq).double(), v_ring.double(), ring_pos)
+    s = torch.einsum("bhld,bhsd->bhls", q.double(), k.repeat_interleave(g, 1)) * D ** -0.5
+    ref = torch.softmax(4.0 * torch.tanh(s / 4.0), -1) @ v.repeat_interleave(g, 1)
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("method, bits, D, S, keys", [
+    ("affine", 4, 128, 32768, True), ("affine", 2, 128, 8192, True), ("affine", 8, 128, 4096, True),
+    ("affine", (8, 4), 128, 32768, True), ("affine", 4, 256, 32768, True), ("affine", 8, 96, 32768, True),
+    ("affine", 4, 64, 32768, False),  # head_dim 64: more loop instructions than with row groups; not timed
+    ("affine", 2, 64, 32768, False),  # head_dim 64 2-bit: byte columns
+    ("affine", 3, 128, 32768, False), ("affine", (4, 3), 128, 32768, False),  # 3-bit byte planes
+    ("turbo", 4, 128, 32768, False),  # rotated back from row-major accumulators
+    ("affine", 4, 128, 1024, False),  # short caches: four-warp programs
+])
+def test_keys_major_tiles_go_to_one_warp_affine_words(method, bits, D, S, keys):
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
+    consts = _plan_options(cfg, S, D=D)[1]
+    assert consts["KEYS_MAJOR"] == keys
+    if keys:  # no row groups: the tile is GQA 4's rows on the MMAs' N side
+        assert consts["NG"] == 1 and consts["M"] == 4 and not consts["Q_SUM_TILE"]
+    # a caller's row groups keep the row-major tile
+    assert not _plan_options(cfg, S, D=D, row_groups=1)[1]["KEYS_MAJOR"]
+
+
+def test_keys_major_names_what_it_takes():
+    with pytest.raises(ValueError, match=r"keys_major=True takes affine keys and values of 2, 4 or 8 bits.*"
+                                         r"turbo 4-bit keys"):
+        _plan_options(KVQuantConfig(method="turbo", bits=4), 32768, keys_major=True)

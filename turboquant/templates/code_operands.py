@@ -60,8 +60,10 @@ def _code_word_bytes(bits, nbytes):
 
 
 @triton.jit
-def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr):
-    """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits).
+def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr,
+                    TRANSPOSED: tl.constexpr = False):
+    """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits;
+    ``TRANSPOSED``: ``[PW, BLOCK_N]`` from row pointers ``[1, BLOCK_N]``).
 
     For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
     ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
@@ -70,14 +72,18 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     (``W = NBYTES / 3`` words): three contiguous loads.
     """
     W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // _code_word_bytes(BITS, NBYTES)
-    t = tl.arange(0, PW)
-    ok = n_ok[:, None] & (t[None, :] < W)  # a row narrower than the plane leaves zeros (dims past D)
-    if BITS == 3:
-        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
-        b1 = tl.load(row_ptr + W + t[None, :], mask=ok, other=0)
-        b2 = tl.load(row_ptr + 2 * W + t[None, :], mask=ok, other=0)
+    if TRANSPOSED:
+        t = tl.arange(0, PW)[:, None]
+        ok = n_ok[None, :] & (t < W)
     else:
-        b0 = tl.load(row_ptr + t[None, :], mask=ok, other=0)
+        t = tl.arange(0, PW)[None, :]
+        ok = n_ok[:, None] & (t < W)  # a row narrower than the plane leaves zeros (dims past D)
+    if BITS == 3:
+        b0 = tl.load(row_ptr + t, mask=ok, other=0)
+        b1 = tl.load(row_ptr + W + t, mask=ok, other=0)
+        b2 = tl.load(row_ptr + 2 * W + t, mask=ok, other=0)
+    else:
+        b0 = tl.load(row_ptr + t, mask=ok, other=0)
         if _code_word_bytes(BITS, NBYTES) == 1:  # low bytes of int16 lanes (Triton widens four by two permutes)
             b0 = b0.to(tl.int16)
         b1 = b0

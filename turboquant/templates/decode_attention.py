@@ -50,7 +50,8 @@ from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import POLYNOMIAL_LEVELS
 from .buffers import TL_DTYPES, dense_row_stride, interpreted, meta_dtype, metadata_pairs, strides_as
-from .code_operands import _centroids_fp16, _code_word_bytes, _planes, _polynomial_words, _register_lut_words
+from .code_operands import (_byte_cols, _centroids_fp16, _code_word_bytes, _planes, _polynomial_words,
+                            _register_lut_words)
 from .decode_kernel import LOG2E, _decode_split_kernel, _merge_splits_kernel
 
 __all__ = ["decode_attention", "supports", "unsupported"]
@@ -402,6 +403,32 @@ def _query_sum_tile(k_spec: TensorQuantSpec, row_groups: int) -> bool:
     return k_spec.method == "affine" and row_groups > 1
 
 
+def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int, v_nbytes: int) -> bool:
+    """Whether a one-warp tile can be keys-major: scores ``[keys, rows] = K · Qᵀ`` and value
+    accumulators ``[dims, rows] = Vᵀ · Pᵀ``, the query rows on the MMAs' 8-wide N side instead of their
+    16-tall M side (4 rows padded to 16 there; row groups, :func:`_row_groups`, put other keys in the
+    padding). The MMAs per key halve (64 against 128 per 64-key block at 4 bits) and the accumulators
+    hold 8 rows: sm_90 SASS of the loop at 32K, head_dim 128, registers and warp instructions per key,
+    row groups → keys-major: affine 4-bit 231 / 13.92 → 167 / 14.94, 2-bit 217 / 12.91 → 167 / 14.00,
+    8-bit (no row groups) 205 / 22.28 → 163 / 18.16; head_dim 256 4-bit 255 (56 bytes spilled) / 26.36 →
+    249 / 23.58. The values are read transposed (``[dims, keys]``), so that each plane is the A operand as
+    it lands in the pipeline's shared memory; read as rows and transposed in registers, Triton converted
+    them through shared memory outside the pipeline every block (28.3 instructions per key).
+
+    H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, row groups → keys-major, same process (2026-12-05,
+    ``benchmarks/results/session36_gpu/decode_variants_keys_major_h100.csv``): 32K affine 4-bit 103.0 →
+    100.3, 2-bit 66.97 → 62.79, 8-bit 184.3 → 183.4; 4K 15.97 → 14.57, 17.38 → 14.98, 29.88 → 29.77; errors
+    unchanged (1.69e-3 at 32K; every row sums every block, so the value block sums of :func:`_block_sums`
+    apply: without them 8-bit's was 3.06e-3). Not timed on the H200 nor at head_dim 64, where the loop
+    takes more instructions than with row groups (4-bit 9.20 → 10.70 per key): by default from head_dim 96.
+
+    Affine keys and values of 2, 4 or 8 bits in 16-bit words: not turbo (its rotation back is made for
+    row-major accumulators), nor 3-bit byte planes (as the A operand each byte is a shared-memory load
+    of its own, as it is now), nor byte columns (:func:`~.code_operands._byte_cols`)."""
+    return all(s.method == "affine" and s.bits != 3 and not _byte_cols.fn(s.bits, n)
+               for s, n in ((k_spec, k_nbytes), (v_spec, v_nbytes)))
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -527,7 +554,7 @@ class _Plan:
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None,
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
-                        polynomial_levels=None, constant_rows=None, query_sum_tile=None)
+                        polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -542,7 +569,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile) = tuning
+     query_sum_tile, keys_major) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -596,6 +623,14 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         split_blocks = _pow2(split_blocks)
     split_keys = split_blocks * block_n  # what the long-split rules below go by
     num_splits = max(1, _cdiv(S, split_keys))
+    if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
+        keys_major = (one_warp and D > 64 and row_groups is None and query_sum_tile is None
+                      and _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]))
+    elif keys_major and not _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]):
+        raise ValueError(f"keys_major=True takes affine keys and values of 2, 4 or 8 bits in 16-bit words; got "
+                         f"{k_spec.method} {k_spec.bits}-bit keys and {v_spec.method} {v_spec.bits}-bit values")
+    if keys_major:
+        row_groups, query_sum_tile = 1, False
     if row_groups is None:
         row_groups = _row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp else 1
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
@@ -644,7 +679,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_ALIGN=_code_alignment(kc_strides, k_word), V_ALIGN=_code_alignment(vc_strides, v_word),
         **_row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
                          constant_rows is not False),
-        Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile))
+        Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile),
+        KEYS_MAJOR=bool(keys_major))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -670,7 +706,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
-                     query_sum_tile: Optional[bool] = None) -> torch.Tensor:
+                     query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -704,7 +740,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     where by default rows back to back have their stride compiled in and (scale, zero) words are read
     one load a pair (:func:`_row_constants`; the same numbers). ``query_sum_tile``: the query's sums
     for affine keys' zero points held as a score tile made by MMAs rather than a vector
-    (:func:`_query_sum_tile`; by default with row groups).
+    (:func:`_query_sum_tile`; by default with row groups). ``keys_major``: a tile as scores ``[keys, rows]``
+    and accumulators ``[dims, rows]``, for affine 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by
+    default in one-warp programs from head_dim 96, where neither ``row_groups`` nor ``query_sum_tile`` is set).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -713,7 +751,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile)
+              query_sum_tile, keys_major)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

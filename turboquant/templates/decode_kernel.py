@@ -36,7 +36,7 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr, K_LUT: tl.constexpr, V_LUT: tl.constexpr, K_PLANE_H: tl.constexpr,
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
-    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr,
+    K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -44,6 +44,9 @@ def _decode_split_kernel(
     tl.static_assert(VP * VPW >= D)
     tl.static_assert(KPW >= 16)
     tl.static_assert(VPW >= 16)
+    # KEYS_MAJOR (_keys_major): scores [keys, rows] = K·Qᵀ and accumulators [dims, rows] = Vᵀ·Pᵀ
+    tl.static_assert(not KEYS_MAJOR or (NG == 1 and not Q_SUM_TILE and not K_TURBO and not V_TURBO))
+    KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
     # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
     # reinterpreting the pointers here spares a tensor view per buffer and call on the host
     if _code_word_bytes(K_BITS, K_NBYTES) == 2:
@@ -85,17 +88,21 @@ def _decode_split_kernel(
         q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     # Σq (for the key zero points) in plain units: per row, or as a score tile (_query_sum_tile)
     q_sum = _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, KP, KPW, BLOCK_N // NG, K_BITS, K_TURBO, Q_SUM_TILE)
+    if KEYS_MAJOR:  # the planes as the B operands of the key dots
+        q0, q1, q2, q3, q4, q5, q6, q7 = (tl.trans(q0), tl.trans(q1), tl.trans(q2), tl.trans(q3), tl.trans(q4),
+                                          tl.trans(q5), tl.trans(q6), tl.trans(q7))
 
     m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
     l_i = tl.zeros([M], tl.float32)
-    a0 = tl.zeros([M, VPW], tl.float32)
-    a1 = tl.zeros([M, VPW], tl.float32)
-    a2 = tl.zeros([M, VPW], tl.float32)
-    a3 = tl.zeros([M, VPW], tl.float32)
-    a4 = tl.zeros([M, VPW], tl.float32)
-    a5 = tl.zeros([M, VPW], tl.float32)
-    a6 = tl.zeros([M, VPW], tl.float32)
-    a7 = tl.zeros([M, VPW], tl.float32)
+    ACC: tl.constexpr = [VPW, M] if KEYS_MAJOR else [M, VPW]
+    a0 = tl.zeros(ACC, tl.float32)
+    a1 = tl.zeros(ACC, tl.float32)
+    a2 = tl.zeros(ACC, tl.float32)
+    a3 = tl.zeros(ACC, tl.float32)
+    a4 = tl.zeros(ACC, tl.float32)
+    a5 = tl.zeros(ACC, tl.float32)
+    a6 = tl.zeros(ACC, tl.float32)
+    a7 = tl.zeros(ACC, tl.float32)
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
@@ -145,7 +152,7 @@ def _decode_split_kernel(
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
-                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT)
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR)
         if K_TURBO:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
         else:
@@ -154,31 +161,32 @@ def _decode_split_kernel(
             if Q_SUM_TILE:
                 s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum * _per_key(z_k * a_k, NG, TR)
             else:
-                s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum[:, None] * _per_key(z_k * a_k, NG, TR)
+                s = (dots * _per_key(a_k / K_UNIT, NG, TR, KEYS_MAJOR)
+                     - _per_row(q_sum, KEYS_MAJOR) * _per_key(z_k * a_k, NG, TR, KEYS_MAJOR))
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
             s = s * LOG2E
         # rows past G·L are padding (zero queries, never stored): only keys are masked
-        keep = _per_key(n < S, NG)
+        keep = _per_key(n < S, NG, 1, KEYS_MAJOR)
         if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
-            keep = keep & (_per_key(n, NG) <= ql[:, None])
+            keep = keep & (_per_key(n, NG, 1, KEYS_MAJOR) <= _per_row(ql, KEYS_MAJOR))
         if HAS_MASK:
-            keep = keep & row_ok[:, None]
-            mptr = (mask_ptr + b * stride_mb + qh[:, None] * stride_mh + ql[:, None] * stride_ml
-                    + _per_key(n64, NG) * stride_ms)
+            keep = keep & _per_row(row_ok, KEYS_MAJOR)
+            mptr = (mask_ptr + b * stride_mb + _per_row(qh * stride_mh + ql * stride_ml, KEYS_MAJOR)
+                    + _per_key(n64, NG, 1, KEYS_MAJOR) * stride_ms)
             if MASK_BOOL:
                 keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
             else:
                 s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
         if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
             held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n < S, other=-1) == n64
-            keep = keep & ~_per_key(held, NG)
+            keep = keep & ~_per_key(held, NG, 1, KEYS_MAJOR)
         s = tl.where(keep, s, float("-inf"))
 
         # ---- online softmax (base 2) ------------------------------------------------------
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_new = tl.maximum(m_i, tl.max(s, axis=KEY_AXIS))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s - _per_row(m_safe, KEYS_MAJOR))
         if SKIP_RESCALE:
             # the accumulators are rescaled only in blocks where some row's running max rose (a few
             # blocks of a long split): the same arithmetic without multiplying by 1 everywhere else.
@@ -190,31 +198,34 @@ def _decode_split_kernel(
             # rescaling them here, sm_90 SASS)
             if tl.max((m_new > m_i).to(tl.int32), axis=0) > 0:
                 l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _rescaled(
-                    tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP)
+                    tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP, KEYS_MAJOR)
             alpha = tl.full([M], 1.0, tl.float32)
         else:
             alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        pv = (p * _per_key(v_scale.to(tl.float32), NG, TR)).to(tl.float16)
+        pv = (p * _per_key(v_scale.to(tl.float32), NG, TR, KEYS_MAJOR)).to(tl.float16)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = v_zero.to(tl.float32)
-            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR), axis=1)
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR, KEYS_MAJOR), axis=KEY_AXIS)
         # group r's probabilities meet sub-block r's values; the other groups' rows are zeros there
+        a_b = _per_row(alpha, KEYS_MAJOR)
         a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
             pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
-            a0 * alpha[:, None], a1 * alpha[:, None], a2 * alpha[:, None], a3 * alpha[:, None], a4 * alpha[:, None],
-            a5 * alpha[:, None], a6 * alpha[:, None], a7 * alpha[:, None], V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N,
-            vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
+            a0 * a_b, a1 * a_b, a2 * a_b, a3 * a_b, a4 * a_b, a5 * a_b, a6 * a_b, a7 * a_b, V_BITS, V_TURBO, V_NBYTES,
+            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
                 a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
+    if KEYS_MAJOR:  # the accumulators as [rows, dims] for the epilogue (once per program)
+        a0, a1, a2, a3, a4, a5, a6, a7 = (tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3), tl.trans(a4),
+                                          tl.trans(a5), tl.trans(a6), tl.trans(a7))
     if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
         m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4,
                                                                              a5, a6, a7, NG, TR, VP)
@@ -292,20 +303,21 @@ def _row_stride(stride, ROW: tl.constexpr):
 
 
 @triton.jit
-def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexpr):
+def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
     """The running sums of a split (normaliser, value zero-point sum, the ``VP`` used accumulators)
     times ``alpha``, the drop of each row's running max (``2^(m_old − m_new)``)."""
-    a0 = a0 * alpha[:, None]
+    a_b = _per_row(alpha, KEYS_MAJOR)
+    a0 = a0 * a_b
     if VP > 1:
-        a1 = a1 * alpha[:, None]
+        a1 = a1 * a_b
     if VP > 2:
-        a2 = a2 * alpha[:, None]
-        a3 = a3 * alpha[:, None]
+        a2 = a2 * a_b
+        a3 = a3 * a_b
     if VP > 4:
-        a4 = a4 * alpha[:, None]
-        a5 = a5 * alpha[:, None]
-        a6 = a6 * alpha[:, None]
-        a7 = a7 * alpha[:, None]
+        a4 = a4 * a_b
+        a5 = a5 * a_b
+        a6 = a6 * a_b
+        a7 = a7 * a_b
     return l_i * alpha, z_acc * alpha, a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -322,11 +334,13 @@ def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr):
 
 
 @triton.jit
-def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
+def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1, KEYS_MAJOR: tl.constexpr = False):
     """A per-key quantity in the score tile's shape: broadcast over the rows if ``x`` has
-    :func:`_key_positions`' shape; a block's ``[BLOCK_N]`` laid out ``[M, BLOCK_N / NG]`` with
-    ``TR`` rows per group given."""
-    if NG == 1:
+    :func:`_key_positions`' shape (down a keys-major tile's column); a block's ``[BLOCK_N]`` laid out
+    ``[M, BLOCK_N / NG]`` with ``TR`` rows per group given."""
+    if KEYS_MAJOR:
+        x = x[:, None]
+    elif NG == 1:
         x = x[None, :]
     elif len(x.shape) == 1:
         SUB_N: tl.constexpr = x.shape[0] // NG
@@ -335,23 +349,47 @@ def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1):
 
 
 @triton.jit
+def _per_row(x, KEYS_MAJOR: tl.constexpr):
+    """A per-query-row ``[M]`` quantity in the shape of the score tile and the value accumulators (rows
+    first: ``[M, ·]``; keys-major: ``[·, M]``)."""
+    if KEYS_MAJOR:
+        x = x[None, :]
+    else:
+        x = x[:, None]
+    return x
+
+
+@triton.jit
+def _key_dot(q, vals, acc, KEYS_MAJOR: tl.constexpr):
+    """``acc`` plus a key plane's dots with its query plane: ``q · valsᵀ`` (``[M, N]``), or keys-major
+    ``vals · q`` with the plane given transposed (``[N, M]``)."""
+    if KEYS_MAJOR:
+        acc = tl.dot(vals, q, acc)
+    else:
+        acc = tl.dot(q, tl.trans(vals), acc)
+    return acc
+
+
+@triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
-              USE_ASM: tl.constexpr, LUT: tl.constexpr):
-    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, in plane 0's units)."""
+              USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
+    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``; in
+    plane 0's units)."""
     n = first + tl.arange(0, N)
     k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
-    dots = tl.dot(q0, tl.trans(_plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT)))
+    dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
+    dots = _key_dot(q0, _plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
     if KP > 1:
-        dots = tl.dot(q1, tl.trans(_plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = _key_dot(q1, _plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
     if KP > 2:
-        dots = tl.dot(q2, tl.trans(_plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
-        dots = tl.dot(q3, tl.trans(_plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = _key_dot(q2, _plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _key_dot(q3, _plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
     if KP > 4:
-        dots = tl.dot(q4, tl.trans(_plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
-        dots = tl.dot(q5, tl.trans(_plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
-        dots = tl.dot(q6, tl.trans(_plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
-        dots = tl.dot(q7, tl.trans(_plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT)), dots)
+        dots = _key_dot(q4, _plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _key_dot(q5, _plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _key_dot(q6, _plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _key_dot(q7, _plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
     return dots
 
 
@@ -359,13 +397,13 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
 def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
                 BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
-                LUT: tl.constexpr):
+                LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
     """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
     (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
     and the softmax then runs once for the block)."""
     SUB_N: tl.constexpr = BLOCK_N // NG
     dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
-                     klut_ptr, USE_ASM, LUT)
+                     klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     for r in tl.static_range(1, NG):
         dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
                                                      stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
@@ -374,8 +412,8 @@ def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp
 
 
 @triton.jit
-def _plus_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr):
-    """``acc + pv @ vals``. The MMA's fp32 accumulation truncates, a bias that grows with the number of
+def _plus_dot(a, b, acc, rz, BLOCK_SUMS: tl.constexpr):
+    """``acc + a @ b``. The MMA's fp32 accumulation truncates, a bias that grows with the number of
     blocks summed into one accumulator; affine values cancel their zero point only at the end (sums
     some 500 times the output at 32K keys), so there the bias showed: affine 8-bit 3.06e-3 from a
     float64 attention at 32K against 1.68e-3 at 1K and for the widths with row groups (whose rows sum a
@@ -383,30 +421,55 @@ def _plus_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr):
     sum by an fp32 add, which rounds to nearest. ``rz``: a run-time 0, since Triton folds ``acc + dot(a,
     b, 0)`` back into ``dot(a, b, acc)``."""
     if BLOCK_SUMS:
-        return acc + tl.dot(pv, vals, tl.zeros_like(acc) + rz)
-    return tl.dot(pv, vals, acc)
+        return acc + tl.dot(a, b, tl.zeros_like(acc) + rz)
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
-                vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr):
+                vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr,
+                KEYS_MAJOR: tl.constexpr = False):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
-    (:func:`_plus_dot`)."""
+    (:func:`_plus_dot`). Keys-major: ``pv [N, M]`` and accumulators ``[VPW, M]``, the values read
+    transposed (``[VPW, N]``) so that each plane is the A operand as loaded, through the pipeline's
+    shared memory; read as rows and transposed in registers, Triton converted them through shared
+    memory outside the pipeline every block."""
     n = first + tl.arange(0, N)
-    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
-    a0 = _plus_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
+    if KEYS_MAJOR:
+        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[None, :] * stride_vcs, n < S, BITS, NBYTES, VPW, True)
+    else:
+        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
+    a0 = _value_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS,
+                    KEYS_MAJOR)
     if VP > 1:
-        a1 = _plus_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
+        a1 = _value_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
     if VP > 2:
-        a2 = _plus_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
-        a3 = _plus_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
+        a2 = _value_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
+        a3 = _value_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
     if VP > 4:
-        a4 = _plus_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
-        a5 = _plus_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
-        a6 = _plus_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
-        a7 = _plus_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
+        a4 = _value_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
+        a5 = _value_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
+        a6 = _value_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
+        a7 = _value_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS,
+                        KEYS_MAJOR)
     return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _value_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr, KEYS_MAJOR: tl.constexpr):
+    """A value plane's share: ``acc + pv · vals``, or keys-major ``acc + vals · pv`` (``vals [VPW, N]``)."""
+    if KEYS_MAJOR:
+        acc = _plus_dot(vals, pv, acc, rz, BLOCK_SUMS)
+    else:
+        acc = _plus_dot(pv, vals, acc, rz, BLOCK_SUMS)
+    return acc
 
 
 @triton.jit
