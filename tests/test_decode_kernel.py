@@ -1007,18 +1007,21 @@ def test_register_lut_on_gpu(bits, S, D, lookup):
     assert _rel(gather, ref) < TOL
 
 
-@pytest.mark.parametrize("bits, g, L, mask, num_splits, D", [
-    ((4, 4), 4, 1, None, 2, 64), ((4, 4), 4, 1, "padded", 1, 64),  # one split normalises in place
-    ((8, 8), 8, 1, "bool", 2, 64), ((2, 2), 4, 2, "causal", 2, 128), ((8, 4), 1, 3, "additive", 3, 64),
-    ((4, 2), 4, 4, "padded", 2, 128), ((2, 8), 8, 2, "bool", 1, 96),  # 16 query rows; head_dim 96
+@pytest.mark.parametrize("method, bits, g, L, mask, num_splits, D", [
+    ("affine", (4, 4), 4, 1, None, 2, 64), ("affine", (4, 4), 4, 1, "padded", 1, 64),  # one split: normalised
+    ("affine", (8, 8), 8, 1, "bool", 2, 64), ("affine", (2, 2), 4, 2, "causal", 2, 128),
+    ("affine", (8, 4), 1, 3, "additive", 3, 64), ("affine", (4, 2), 4, 4, "padded", 2, 128),  # 16 query rows
+    ("affine", (2, 8), 8, 2, "bool", 1, 96),
+    ("turbo", (4, 4), 4, 1, None, 2, 64), ("turbo", (8, 2), 8, 1, "bool", 1, 128),  # rotated back after the loop
+    ("turbo", (2, 4), 4, 2, "causal", 3, 128),
 ])
-def test_keys_major_tiles_match_the_oracle(bits, g, L, mask, num_splits, D):
+def test_keys_major_tiles_match_the_oracle(method, bits, g, L, mask, num_splits, D):
     # scores [keys, rows] = K·Qᵀ, accumulators [dims, rows] = Vᵀ·Pᵀ (_keys_major): against the oracle and
     # against the row-major tile on the same codes
     args = dict(B=2, hkv=2, g=g, L=L, S=201, D=D, mask=mask, seed=sum(bits) + g + L, num_warps=1, block_n=32,
                 num_splits=num_splits)
-    keys, ref = _case("affine", *bits, keys_major=True, **args)
-    rows, _ = _case("affine", *bits, keys_major=False, **args)
+    keys, ref = _case(method, *bits, keys_major=True, **args)
+    rows, _ = _case(method, *bits, keys_major=False, **args)
     assert _rel(keys, ref) < TOL
     assert _rel(keys, rows.double()) < 1e-4
 
@@ -1052,7 +1055,7 @@ def test_keys_major_softcap_block_sums_and_a_ring(block_sums):
     ("affine", 4, 64, 32768, False),  # head_dim 64: more loop instructions than with row groups; not timed
     ("affine", 2, 64, 32768, False),  # head_dim 64 2-bit: byte columns
     ("affine", 3, 128, 32768, False), ("affine", (4, 3), 128, 32768, False),  # 3-bit byte planes
-    ("turbo", 4, 128, 32768, False),  # rotated back from row-major accumulators
+    ("turbo", 4, 128, 32768, False),  # turbo can (test above) but is not timed
     ("affine", 4, 128, 1024, False),  # short caches: four-warp programs
 ])
 def test_keys_major_tiles_go_to_one_warp_affine_words(method, bits, D, S, keys):
@@ -1067,6 +1070,8 @@ def test_keys_major_tiles_go_to_one_warp_affine_words(method, bits, D, S, keys):
 
 
 def test_keys_major_names_what_it_takes():
-    with pytest.raises(ValueError, match=r"keys_major=True takes affine keys and values of 2, 4 or 8 bits.*"
-                                         r"turbo 4-bit keys"):
-        _plan_options(KVQuantConfig(method="turbo", bits=4), 32768, keys_major=True)
+    with pytest.raises(ValueError, match=r"keys_major=True takes keys and values of 2, 4 or 8 bits.*"
+                                         r"got turbo 3-bit keys and turbo 3-bit values of head_dim 128"):
+        _plan_options(KVQuantConfig(method="turbo", bits=3), 32768, keys_major=True)
+    with pytest.raises(ValueError, match=r"affine 2-bit values of head_dim 64"):  # 16-byte rows: byte columns
+        _plan_options(KVQuantConfig(method="affine", bits=2), 32768, D=64, keys_major=True)

@@ -420,13 +420,15 @@ def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int,
     100.3, 2-bit 66.97 → 62.79, 8-bit 184.3 → 183.4; 4K 15.97 → 14.57, 17.38 → 14.98, 29.88 → 29.77; errors
     unchanged (1.69e-3 at 32K; every row sums every block, so the value block sums of :func:`_block_sums`
     apply: without them 8-bit's was 3.06e-3). Not timed on the H200 nor at head_dim 64, where the loop
-    takes more instructions than with row groups (4-bit 9.20 → 10.70 per key): by default from head_dim 96.
+    takes more instructions than with row groups (4-bit 9.20 → 10.70 per key): by default from head_dim 96,
+    for affine rows.
 
-    Affine keys and values of 2, 4 or 8 bits in 16-bit words: not turbo (its rotation back is made for
-    row-major accumulators), nor 3-bit byte planes (as the A operand each byte is a shared-memory load
-    of its own, as it is now), nor byte columns (:func:`~.code_operands._byte_cols`)."""
-    return all(s.method == "affine" and s.bits != 3 and not _byte_cols.fn(s.bits, n)
-               for s, n in ((k_spec, k_nbytes), (v_spec, v_nbytes)))
+    Keys and values of 2, 4 or 8 bits in 16-bit words, not 3-bit byte planes (as the A operand each byte
+    is a shared-memory load of its own, as it is now) nor byte columns (:func:`~.code_operands._byte_cols`).
+    Turbo rows too, the accumulators transposed back for the rotation after the loop, but not by default:
+    not timed (sm_90 SASS at 32K, row groups → keys-major: turbo 4-bit 255 / 27.05 → 254 / 26.34, 8-bit 254 /
+    43.09 → 250 / 42.22, 2-bit (no row groups) 215 / 27.52 → 167 / 25.47)."""
+    return all(s.bits != 3 and not _byte_cols.fn(s.bits, n) for s, n in ((k_spec, k_nbytes), (v_spec, v_nbytes)))
 
 
 def _turbo8(spec: TensorQuantSpec) -> bool:
@@ -625,10 +627,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     num_splits = max(1, _cdiv(S, split_keys))
     if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
         keys_major = (one_warp and D > 64 and row_groups is None and query_sum_tile is None
+                      and k_spec.method == v_spec.method == "affine"
                       and _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]))
     elif keys_major and not _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]):
-        raise ValueError(f"keys_major=True takes affine keys and values of 2, 4 or 8 bits in 16-bit words; got "
-                         f"{k_spec.method} {k_spec.bits}-bit keys and {v_spec.method} {v_spec.bits}-bit values")
+        raise ValueError(f"keys_major=True takes keys and values of 2, 4 or 8 bits in 16-bit words (rows of more "
+                         f"than 16 bytes); got {k_spec.method} {k_spec.bits}-bit keys and {v_spec.method} "
+                         f"{v_spec.bits}-bit values of head_dim {D}")
     if keys_major:
         row_groups, query_sum_tile = 1, False
     if row_groups is None:
@@ -741,8 +745,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     one load a pair (:func:`_row_constants`; the same numbers). ``query_sum_tile``: the query's sums
     for affine keys' zero points held as a score tile made by MMAs rather than a vector
     (:func:`_query_sum_tile`; by default with row groups). ``keys_major``: a tile as scores ``[keys, rows]``
-    and accumulators ``[dims, rows]``, for affine 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by
-    default in one-warp programs from head_dim 96, where neither ``row_groups`` nor ``query_sum_tile`` is set).
+    and accumulators ``[dims, rows]``, for 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by default for
+    affine rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor ``query_sum_tile`` is
+    set).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)

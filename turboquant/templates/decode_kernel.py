@@ -45,7 +45,7 @@ def _decode_split_kernel(
     tl.static_assert(KPW >= 16)
     tl.static_assert(VPW >= 16)
     # KEYS_MAJOR (_keys_major): scores [keys, rows] = K·Qᵀ and accumulators [dims, rows] = Vᵀ·Pᵀ
-    tl.static_assert(not KEYS_MAJOR or (NG == 1 and not Q_SUM_TILE and not K_TURBO and not V_TURBO))
+    tl.static_assert(not KEYS_MAJOR or (NG == 1 and not Q_SUM_TILE))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
     # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
     # reinterpreting the pointers here spares a tensor view per buffer and call on the host
@@ -154,7 +154,7 @@ def _decode_split_kernel(
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
                            K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR)
         if K_TURBO:
-            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR)
+            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR)
         else:
             a_k = k_scale.to(tl.float32) * qk_scale
             z_k = k_zero.to(tl.float32)
