@@ -7,6 +7,8 @@
 #   bash benchmarks/reproduce_gpu.sh launches [OUT] # the Triton kernels one layer's compiled decode step launches, per
 #                                                   # setting (~1 min a setting)
 #   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
+#   bash benchmarks/reproduce_gpu.sh tiles [OUT]    # keys-major against row-major one-warp tiles at 32K and 4K: affine
+#                                                   # (keys-major by default) and turbo (on request) at 8/4/2 bits (~3 min)
 #
 # STEP_SETTINGS="turbo-3 turbo-4" narrows the step and launches parts to those settings (each against bf16).
 #
@@ -14,10 +16,10 @@
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests [OUT]}
+part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles [OUT]}
 out=${2:-benchmarks/results/gpu_run}
-if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests ]]; then
-  echo "unknown part '$part'; allowed: kernel, step, launches, tests" >&2
+if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests && "$part" != tiles ]]; then
+  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
@@ -52,6 +54,13 @@ case "$part" in
     python benchmarks/decode_step_launches.py --settings bf16 "${settings[@]}" --out "$out/launches" \
       > "$out/launches.log" 2>&1
     grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
+    ;;
+  tiles)
+    python benchmarks/decode_attention.py --contexts 32768 4096 --methods affine --bits 8 4 2 \
+      --variants rows:keys_major=False --out "$out/affine" > "$out/tiles_affine.log" 2>&1
+    python benchmarks/decode_attention.py --contexts 32768 4096 --methods turbo --bits 8 4 2 \
+      --variants keys:keys_major=True --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
+    grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" | cut -d'|' -f3-6,8
     ;;
   tests)
     python -m pytest tests -m gpu -q -n 4 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
