@@ -917,6 +917,16 @@ def test_one_warp_programs_on_a_long_cache(method, bits, L):
     assert _rel(out.to(torch.bfloat16), ref) < TOL
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("method, bits", [("turbo", (4, 4)), ("turbo", (8, 2)), ("affine", (4, 8))])
+@pytest.mark.parametrize("L", [1, 2])
+def test_keys_major_tiles_on_a_long_cache(method, bits, L):
+    # keys-major one-warp tiles where they are not the default (turbo) or asked for (affine): full size
+    out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=L, S=8193, D=128, mask="padded", seed=L, dtype=torch.bfloat16,
+                     block_n=None, keys_major=True)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL
+
+
 @pytest.mark.parametrize("bits", [(3, 3), (3, 8), (2, 2), (4, 4)])
 @pytest.mark.parametrize("D", [80, 128])
 def test_turbo_kernel_roundings_fit_the_bound(bits, D, monkeypatch):
