@@ -159,9 +159,6 @@ def main(argv=None):
     p.add_argument("--keys-major", action=argparse.BooleanOptionalAction, default=None,
                    help="one-warp tiles as scores [keys, rows] and accumulators [dims, rows] (default for affine "
                         "2/4/8-bit words from head_dim 96; turbo 2/4/8-bit on request), or row-major")
-    p.add_argument("--hoist-query", action=argparse.BooleanOptionalAction, default=None,
-                   help="the query planes' MMA operand form made once before the loop (default: "
-                        "the plan's)")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -171,8 +168,7 @@ def main(argv=None):
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
-        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
-        hoist_query=a.hoist_query)
+        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

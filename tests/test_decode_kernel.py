@@ -920,11 +920,10 @@ def test_one_warp_programs_on_a_long_cache(method, bits, L):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method, bits", [("turbo", (4, 4)), ("turbo", (8, 2)), ("affine", (4, 8))])
 @pytest.mark.parametrize("L", [1, 2])
-@pytest.mark.parametrize("hoist", [False, True])
-def test_keys_major_tiles_on_a_long_cache(method, bits, L, hoist):
+def test_keys_major_tiles_on_a_long_cache(method, bits, L):
     # keys-major one-warp tiles where they are not the default (turbo) or asked for (affine): full size
     out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=L, S=8193, D=128, mask="padded", seed=L, dtype=torch.bfloat16,
-                     block_n=None, keys_major=True, hoist_query=hoist)
+                     block_n=None, keys_major=True)
     assert _rel(out.to(torch.bfloat16), ref) < TOL
 
 
@@ -1035,20 +1034,6 @@ def test_keys_major_tiles_match_the_oracle(method, bits, g, L, mask, num_splits,
     rows, _ = _case(method, *bits, keys_major=False, **args)
     assert _rel(keys, ref) < TOL
     assert _rel(keys, rows.double()) < 1e-4
-
-
-@pytest.mark.parametrize("method, bits, g, L, D, keys", [
-    ("affine", (4, 2), 4, 1, 128, True), ("affine", (8, 8), 8, 2, 64, True), ("turbo", (2, 4), 4, 1, 128, True),
-    ("affine", (3, 4), 4, 1, 128, False), ("turbo", (3, 8), 4, 1, 64, False),
-])
-def test_hoisted_query_planes_change_no_number(method, bits, g, L, D, keys):
-    # the planes' operand form made before the loop by a dot of zeros (HOIST_Q): the same output, bit for bit
-    args = dict(B=2, hkv=2, g=g, L=L, S=201, D=D, mask="padded", seed=sum(bits) + g, num_warps=1, block_n=32,
-                num_splits=2, keys_major=keys)
-    hoisted, ref = _case(method, *bits, hoist_query=True, **args)
-    plain, _ = _case(method, *bits, hoist_query=False, **args)
-    assert torch.equal(hoisted, plain)
-    assert _rel(hoisted, ref) < TOL
 
 
 @pytest.mark.parametrize("block_sums", [False, True])

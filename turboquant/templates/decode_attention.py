@@ -556,8 +556,7 @@ class _Plan:
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None,
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
-                        polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
-                        hoist_query=None)
+                        polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -572,7 +571,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, hoist_query) = tuning
+     query_sum_tile, keys_major) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -685,7 +684,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         **_row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
                          constant_rows is not False),
         Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile),
-        KEYS_MAJOR=bool(keys_major), HOIST_Q=bool(hoist_query))
+        KEYS_MAJOR=bool(keys_major))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -711,8 +710,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
-                     query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
-                     hoist_query: Optional[bool] = None) -> torch.Tensor:
+                     query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -749,8 +747,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     (:func:`_query_sum_tile`; by default with row groups). ``keys_major``: a tile as scores ``[keys, rows]``
     and accumulators ``[dims, rows]``, for 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by default for
     affine rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor ``query_sum_tile`` is
-    set). ``hoist_query``: the query planes converted to their MMA operand form once, before the loop, rather
-    than in every block (``HOIST_Q`` in :mod:`.decode_kernel`; not by default).
+    set).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -759,7 +756,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, hoist_query)
+              query_sum_tile, keys_major)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

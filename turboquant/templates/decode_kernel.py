@@ -37,7 +37,6 @@ def _decode_split_kernel(
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-    HOIST_Q: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -104,20 +103,6 @@ def _decode_split_kernel(
     a5 = tl.zeros(ACC, tl.float32)
     a6 = tl.zeros(ACC, tl.float32)
     a7 = tl.zeros(ACC, tl.float32)
-    if HOIST_Q:
-        # the planes' operand form, made here once: a dot before the loop reads it (its product is
-        # 0), so Triton keeps the conversion here instead of sinking it into every block, where the
-        # keys-major B operand cost 16 shuffles a block (sm_90 SASS per key, affine 4 / 2 / 8-bit:
-        # 14.94 / 14.00 / 18.16 → 14.78 / 13.92 / 17.34; row-major tiles' A operands: within 1%)
-        zq = tl.zeros([ACC[0], KPW] if KEYS_MAJOR else [KPW, ACC[1]], tl.float16)
-        a0 = _hoisted(zq, q0, a0, KP, 0, KEYS_MAJOR)
-        a0 = _hoisted(zq, q1, a0, KP, 1, KEYS_MAJOR)
-        a0 = _hoisted(zq, q2, a0, KP, 2, KEYS_MAJOR)
-        a0 = _hoisted(zq, q3, a0, KP, 3, KEYS_MAJOR)
-        a0 = _hoisted(zq, q4, a0, KP, 4, KEYS_MAJOR)
-        a0 = _hoisted(zq, q5, a0, KP, 5, KEYS_MAJOR)
-        a0 = _hoisted(zq, q6, a0, KP, 6, KEYS_MAJOR)
-        a0 = _hoisted(zq, q7, a0, KP, 7, KEYS_MAJOR)
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
@@ -334,18 +319,6 @@ def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexp
         a6 = a6 * a_b
         a7 = a7 * a_b
     return l_i * alpha, z_acc * alpha, a0, a1, a2, a3, a4, a5, a6, a7
-
-
-@triton.jit
-def _hoisted(zeros, q, acc, P: tl.constexpr, S: tl.constexpr, KEYS_MAJOR: tl.constexpr):
-    """``acc + zeros · q`` (keys-major) or ``acc + q · zeros`` for plane ``S`` of ``P`` (``acc`` itself
-    past the planes): see ``HOIST_Q``."""
-    if S < P:
-        if KEYS_MAJOR:
-            acc = tl.dot(zeros, q, acc)
-        else:
-            acc = tl.dot(q, zeros, acc)
-    return acc
 
 
 @triton.jit
