@@ -158,7 +158,7 @@ def main(argv=None):
                         "row groups), or a vector")
     p.add_argument("--keys-major", action=argparse.BooleanOptionalAction, default=None,
                    help="one-warp tiles as scores [keys, rows] and accumulators [dims, rows] (default for affine "
-                        "2/4/8-bit words from head_dim 96; turbo 2/4/8-bit on request), or row-major")
+                        "2/4/8-bit and turbo 2/4-bit words from head_dim 96; turbo 8-bit on request), or row-major")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))

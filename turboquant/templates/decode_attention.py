@@ -268,7 +268,8 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     145.0, 3-bit 167.1 → 335.9 / 158.5. Not 2-bit turbo (its register-table lookups): 107.3 → 104.5 /
     107.8 at D=128 is within one run's spread, and at D=64 two groups took the loop from 18.59 to
     23.34 warp instructions per key (sm_90 SASS; 4-bit 16.98 → 15.64, 3-bit 35.48 → 32.62, 8-bit
-    25.94 → 24.12 there)."""
+    25.94 → 24.12 there). Where a tile is keys-major (:func:`_keys_major_default`: affine 2/4/8-bit and
+    turbo 2/4-bit rows from head_dim 96) it has no row groups: these figures are the row-major tile's."""
     if split_keys < LONG_SPLIT_KEYS or any(s.method == "affine" and s.bits == 8 for s in (k_spec, v_spec)):
         return 1
     if 3 in (k_spec.bits, v_spec.bits) and rows > 4:
@@ -425,10 +426,20 @@ def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int,
 
     Keys and values of 2, 4 or 8 bits in 16-bit words, not 3-bit byte planes (as the A operand each byte
     is a shared-memory load of its own, as it is now) nor byte columns (:func:`~.code_operands._byte_cols`).
-    Turbo rows too, the accumulators transposed back for the rotation after the loop, but not by default:
-    not timed (sm_90 SASS at 32K, row groups → keys-major: turbo 4-bit 255 / 27.05 → 254 / 26.34, 8-bit 254 /
-    43.09 → 250 / 42.22, 2-bit (no row groups) 215 / 27.52 → 167 / 25.47)."""
+    Turbo rows too, the accumulators transposed back for the rotation after the loop (sm_90 SASS at 32K, row
+    groups → keys-major: turbo 4-bit 255 / 27.05 → 254 / 26.34, 8-bit 254 / 43.09 → 250 / 42.22, 2-bit (no
+    row groups) 215 / 27.52 → 167 / 25.47). H100, same sizes, default → keys-major, same process (2026-12-06,
+    ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
+    16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
+    207.3 at 32K (errors unchanged). So by default for turbo 2- and 4-bit rows (:func:`_keys_major_default`),
+    not 8-bit."""
     return all(s.bits != 3 and not _byte_cols.fn(s.bits, n) for s, n in ((k_spec, k_nbytes), (v_spec, v_nbytes)))
+
+
+def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int) -> bool:
+    """Where a one-warp tile that can be keys-major (:func:`_keys_major`) is by default: from head_dim 96
+    (not timed below), affine rows, and turbo rows of 2 and 4 bits (turbo 8-bit ran 1% slower keys-major)."""
+    return d > 64 and all(s.method == "affine" or s.bits in (2, 4) for s in (k_spec, v_spec))
 
 
 def _turbo8(spec: TensorQuantSpec) -> bool:
@@ -626,8 +637,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     split_keys = split_blocks * block_n  # what the long-split rules below go by
     num_splits = max(1, _cdiv(S, split_keys))
     if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
-        keys_major = (one_warp and D > 64 and row_groups is None and query_sum_tile is None
-                      and k_spec.method == v_spec.method == "affine"
+        keys_major = (one_warp and row_groups is None and query_sum_tile is None
+                      and _keys_major_default(k_spec, v_spec, D)
                       and _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]))
     elif keys_major and not _keys_major(k_spec, v_spec, k_codes.shape[-1], v_codes.shape[-1]):
         raise ValueError(f"keys_major=True takes keys and values of 2, 4 or 8 bits in 16-bit words (rows of more "
@@ -721,9 +732,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for the split kernel
     (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below spilling on the
     H200, and 224 / 200 with no spill 17–57% slower on the H100 at 32K). ``row_groups``: row groups
-    of a one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit and 2 for turbo
-    4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else
-    1). ``programs_per_sm``: the programs per multiprocessor the splits fill one wave of
+    of a row-major one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit and 2 for
+    turbo 4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else
+    1; setting it keeps the tile row-major, see ``keys_major``). ``programs_per_sm``: the programs per multiprocessor the splits fill one wave of
     (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit affine one-warp programs, else 8).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
@@ -746,8 +757,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     for affine keys' zero points held as a score tile made by MMAs rather than a vector
     (:func:`_query_sum_tile`; by default with row groups). ``keys_major``: a tile as scores ``[keys, rows]``
     and accumulators ``[dims, rows]``, for 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by default for
-    affine rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor ``query_sum_tile`` is
-    set).
+    affine and 2/4-bit turbo rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor
+    ``query_sum_tile`` is set: :func:`_keys_major_default`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
