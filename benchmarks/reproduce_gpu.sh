@@ -56,8 +56,9 @@ case "$part" in
     grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
     ;;
   tiles)
+    # b128s2: 128-key blocks at 2 stages, 4.7% faster for 2-bit at 32K on the H100 (RESULTS.md, 37th session)
     python benchmarks/decode_attention.py --contexts 32768 4096 --methods affine --bits 8 4 2 \
-      --variants rows:keys_major=False --out "$out/affine" > "$out/tiles_affine.log" 2>&1
+      --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 --out "$out/affine" > "$out/tiles_affine.log" 2>&1
     python benchmarks/decode_attention.py --contexts 32768 4096 1024 --methods turbo --bits 8 4 2 \
       --variants rows:keys_major=False keys:keys_major=True --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
     grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" | cut -d'|' -f3-6,8

@@ -1025,7 +1025,7 @@ def test_register_lut_on_gpu(bits, S, D, lookup):
     ("affine", (8, 4), 1, 3, "additive", 3, 64), ("affine", (4, 2), 4, 4, "padded", 2, 128),  # 16 query rows
     ("affine", (2, 8), 8, 2, "bool", 1, 96),
     ("turbo", (4, 4), 4, 1, None, 2, 64), ("turbo", (8, 2), 8, 1, "bool", 1, 128),  # rotated back after the loop
-    ("turbo", (2, 4), 4, 2, "causal", 3, 128),
+    ("turbo", (2, 4), 4, 2, "causal", 3, 128), ("turbo", (4, 2), 4, 1, "padded", 2, 80),  # dense rotation back
 ])
 def test_keys_major_tiles_match_the_oracle(method, bits, g, L, mask, num_splits, D):
     # scores [keys, rows] = K·Qᵀ, accumulators [dims, rows] = Vᵀ·Pᵀ (_keys_major): against the oracle and
