@@ -6,11 +6,13 @@
     python benchmarks/decode_attention.py --head-dim 64 --no-write-path     # Llama-3.2-1B's, Qwen2.5-0.5B's heads
 
 Per context: bf16 cuDNN and flash SDPA (one query token, GQA) against turboquant's
-``torch.ops.turboquant.attention`` (one Triton launch: split-K, the splits merged in the kernel) for each method and
-bit width. Times are medians of triton.testing.do_bench (L2 flushed before every run) and,
+``torch.ops.turboquant.attention`` (the Triton split kernel, then the merge kernel where the sequence is split)
+for each method and bit width. Times are medians of triton.testing.do_bench (L2 flushed before every run) and,
 in ``us_graph``, of the same call replayed in a CUDA graph (no launch overhead). Bytes are
-what the kernel must read: K and V (codes + metadata, or bf16). Also the write path:
-compiled quantize-on-write of one token vs the bf16 ``index_copy_``.
+what the kernel must read: K and V (codes + metadata, or bf16). ``pct_of_copy``: ``GBps_graph`` against a
+device-to-device copy measured first in the same process (bytes read + written, as DESIGN.md §6 counts it),
+issue 4's bandwidth criterion. Also the write path: compiled quantize-on-write of one token vs the bf16
+``index_copy_``.
 """
 
 import argparse
@@ -25,7 +27,8 @@ from turboquant.cache import QuantizedCacheTensor
 from turboquant.reporting import format_table, write_csv
 
 COLUMNS = ["head_dim", "context", "setting", "us", "us_graph", "speedup", "speedup_graph", "bytes", "GBps",
-           "GBps_graph"]
+           "GBps_graph", "pct_of_copy"]
+COPY_BYTES = 1 << 30  # the copy's source: large against any L2
 
 
 def _bench(fn):
@@ -36,10 +39,22 @@ def _bench(fn):
     return cold * 1e3, graph * 1e3
 
 
+def copy_bandwidth(nbytes=COPY_BYTES):
+    """Device-to-device copy in GB/s (bytes read + written, CUDA-graph time): what ``pct_of_copy`` divides by."""
+    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    _, usg = _bench(lambda: dst.copy_(src))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / usg / 1e3
+
+
 def run(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    rows = []
+    copy_gbps = copy_bandwidth()
+    rows = [{"head_dim": D, "context": 0, "setting": "device copy (read + write)", "bytes": 2 * COPY_BYTES,
+             "GBps_graph": copy_gbps, "pct_of_copy": 100.0}]
     for S in contexts:
         q = torch.randn(B, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(B, HKV, S, D, device="cuda", dtype=torch.bfloat16)
@@ -74,6 +89,7 @@ def run(contexts, methods, bits, B=8, HQ=32, HKV=8, D=128):
             if r["context"] == S:
                 r["speedup"] = base["us"] / r["us"]
                 r["speedup_graph"] = base["usg"] / r["us_graph"]
+                r["pct_of_copy"] = 100 * r["GBps_graph"] / copy_gbps
         del q, k, v
         torch.cuda.empty_cache()
     return rows

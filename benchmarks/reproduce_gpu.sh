@@ -35,7 +35,7 @@ case "$part" in
     python benchmarks/decode_attention.py --contexts 32768 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
     python -m pytest tests/test_decode_kernel.py -m gpu -q -n 4 > "$out/decode_gpu_tests.log" 2>&1
     tail -1 "$out/decode_gpu_tests.log"
-    grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8
+    grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8,12
     ;;
   step)
     # the settings compile together (minutes each) and time one at a time (decode_step_host.py --turns);
