@@ -62,8 +62,8 @@ def _code_word_bytes(bits, nbytes):
 @triton.jit
 def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr,
                     TRANSPOSED: tl.constexpr = False):
-    """The words that hold plane column ``t`` of each row (``[BLOCK_N, PW]``; three byte tensors for 3 bits;
-    ``TRANSPOSED``: ``[PW, BLOCK_N]`` from row pointers ``[1, BLOCK_N]``).
+    """The words that hold plane column ``t`` of each row ``row_ptr [BLOCK_N]`` (``[BLOCK_N, PW]``, or with
+    ``TRANSPOSED`` ``[PW, BLOCK_N]``; three byte tensors for 3 bits).
 
     For 2, 4 and 8 bits ``row_ptr`` points at int16 and word ``t`` holds the codes of dims
     ``planes·t … planes·t + planes − 1`` (with :func:`_byte_cols` at uint8, and byte ``t``, as the low
@@ -74,16 +74,16 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
     W: tl.constexpr = NBYTES // 3 if BITS == 3 else NBYTES // _code_word_bytes(BITS, NBYTES)
     if TRANSPOSED:
         t = tl.arange(0, PW)[:, None]
-        ok = n_ok[None, :] & (t < W)
+        rows, ok = row_ptr[None, :], n_ok[None, :] & (t < W)
     else:
         t = tl.arange(0, PW)[None, :]
-        ok = n_ok[:, None] & (t < W)  # a row narrower than the plane leaves zeros (dims past D)
+        rows, ok = row_ptr[:, None], n_ok[:, None] & (t < W)  # a row narrower than the plane leaves zeros
     if BITS == 3:
-        b0 = tl.load(row_ptr + t, mask=ok, other=0)
-        b1 = tl.load(row_ptr + W + t, mask=ok, other=0)
-        b2 = tl.load(row_ptr + 2 * W + t, mask=ok, other=0)
+        b0 = tl.load(rows + t, mask=ok, other=0)
+        b1 = tl.load(rows + W + t, mask=ok, other=0)
+        b2 = tl.load(rows + 2 * W + t, mask=ok, other=0)
     else:
-        b0 = tl.load(row_ptr + t, mask=ok, other=0)
+        b0 = tl.load(rows + t, mask=ok, other=0)
         if _code_word_bytes(BITS, NBYTES) == 1:  # low bytes of int16 lanes (Triton widens four by two permutes)
             b0 = b0.to(tl.int16)
         b1 = b0

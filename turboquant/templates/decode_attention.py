@@ -428,17 +428,17 @@ def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int,
     is a shared-memory load of its own, as it is now) nor byte columns (:func:`~.code_operands._byte_cols`).
     Turbo rows too, the accumulators transposed back for the rotation after the loop (sm_90 SASS at 32K, row
     groups → keys-major: turbo 4-bit 255 / 27.05 → 254 / 26.34, 8-bit 254 / 43.09 → 250 / 42.22, 2-bit (no
-    row groups) 215 / 27.52 → 167 / 25.47). H100, same sizes, default → keys-major, same process (2026-12-06,
-    ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
-    16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
-    207.3 at 32K (errors unchanged). So by default for turbo 2- and 4-bit rows (:func:`_keys_major_default`),
-    not 8-bit."""
+    row groups) 215 / 27.52 → 167 / 25.47). Where they are by default: :func:`_keys_major_default`."""
     return all(s.bits != 3 and not _byte_cols.fn(s.bits, n) for s, n in ((k_spec, k_nbytes), (v_spec, v_nbytes)))
 
 
 def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int) -> bool:
     """Where a one-warp tile that can be keys-major (:func:`_keys_major`) is by default: from head_dim 96
-    (not timed below), affine rows, and turbo rows of 2 and 4 bits (turbo 8-bit ran 1% slower keys-major)."""
+    (not timed below), affine rows, and turbo rows of 2 and 4 bits. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    µs, row-major → keys-major, same process (2026-12-06,
+    ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
+    16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
+    207.3 at 32K, so not 8-bit (errors unchanged). Affine: :func:`_keys_major`'s figures."""
     return d > 64 and all(s.method == "affine" or s.bits in (2, 4) for s in (k_spec, v_spec))
 
 
@@ -732,10 +732,10 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     :func:`_one_warp_programs`), four otherwise. ``maxnreg``: a register cap for the split kernel
     (CUDA, for tuning: every cap tried ran slower than none, those of 168 and below spilling on the
     H200, and 224 / 200 with no spill 17–57% slower on the H100 at 32K). ``row_groups``: row groups
-    of a row-major one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit and 2 for
-    turbo 4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else
-    1; setting it keeps the tile row-major, see ``keys_major``). ``programs_per_sm``: the programs per multiprocessor the splits fill one wave of
-    (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit affine one-warp programs, else 8).
+    of a row-major one-warp tile (:func:`_row_groups`; by default 4 or 2 for affine 2/3/4-bit, 2 for turbo
+    4/8-bit, 4 for turbo 3-bit tiles of 4 rows, on splits of ``LONG_SPLIT_KEYS`` keys or more; else 1; setting
+    it keeps the tile row-major, see ``keys_major``). ``programs_per_sm``: the programs per multiprocessor the
+    splits fill one wave of (:func:`_programs_per_sm`: 16 for head_dim-64 2-bit affine one-warp programs, else 8).
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
     shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default

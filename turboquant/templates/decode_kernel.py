@@ -377,7 +377,7 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``; in
     plane 0's units)."""
     n = first + tl.arange(0, N)
-    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64)[:, None] * stride_kcs, n < S, BITS, NBYTES, KPW)
+    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64) * stride_kcs, n < S, BITS, NBYTES, KPW)
     dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
     dots = _key_dot(q0, _plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
     if KP > 1:
@@ -436,10 +436,7 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
     shared memory; read as rows and transposed in registers, Triton converted them through shared
     memory outside the pipeline every block."""
     n = first + tl.arange(0, N)
-    if KEYS_MAJOR:
-        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[None, :] * stride_vcs, n < S, BITS, NBYTES, VPW, True)
-    else:
-        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64)[:, None] * stride_vcs, n < S, BITS, NBYTES, VPW)
+    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
     a0 = _value_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS,
                     KEYS_MAJOR)
     if VP > 1:
