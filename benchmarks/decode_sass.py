@@ -88,8 +88,13 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning
             sig[n] = "i32"
             if v % 16 == 0 and v != 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    ck = triton.compile(ASTSource(da._decode_split_kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                        options=dict(plan.split.options))
+    sass, res, shared = compile_for_sm90(da._decode_split_kernel, sig, consts, attrs, plan.split.options)
+    return sass, res, shared, plan.split.options, consts, plan.split.tail
+
+
+def compile_for_sm90(kernel, sig, consts, attrs, options):
+    """A Triton kernel's sm_90 SASS, resource line and shared memory (bytes), compiled on this machine."""
+    ck = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=dict(options))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(ck.asm["cubin"])
     try:
@@ -98,7 +103,7 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning
                              check=True).stdout
     finally:
         os.unlink(f.name)
-    return sass, res, ck.metadata.shared, plan.split.options, consts, plan.split.tail
+    return sass, res, ck.metadata.shared
 
 
 def programs_per_sm_fit(registers: int, shared: int, num_warps: int) -> int:

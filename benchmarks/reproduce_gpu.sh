@@ -9,6 +9,7 @@
 #   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
 #   bash benchmarks/reproduce_gpu.sh tiles [OUT]    # keys-major against row-major tiles at 32K and 4K (turbo also 1K): affine
 #                                                   # and turbo at 8/4/2 bits (keys-major by default but turbo 8-bit) (~3 min)
+#   bash benchmarks/reproduce_gpu.sh ceiling [OUT]  # the split kernel's access pattern with nothing computed, 32K (~1 min)
 #
 # STEP_SETTINGS="turbo-3 turbo-4" narrows the step and launches parts to those settings (each against bf16).
 #
@@ -16,10 +17,11 @@
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles [OUT]}
+part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles|ceiling [OUT]}
 out=${2:-benchmarks/results/gpu_run}
-if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests && "$part" != tiles ]]; then
-  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles" >&2
+if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests && "$part" != tiles \
+      && "$part" != ceiling ]]; then
+  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles, ceiling" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
@@ -56,12 +58,18 @@ case "$part" in
     grep -E "^\| " "$out/launches.log" | cut -d'|' -f2,6,8
     ;;
   tiles)
-    # b128s2: 128-key blocks at 2 stages, 4.7% faster for 2-bit at 32K on the H100 (RESULTS.md, 37th session)
-    python benchmarks/decode_attention.py --contexts 32768 4096 --methods affine --bits 8 4 2 \
-      --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 --out "$out/affine" > "$out/tiles_affine.log" 2>&1
+    # b128s2: 128-key blocks at 2 stages, long 2-bit splits' default since the 38th session (H100); b64s3: the
+    # one-warp tile's other default
+    python benchmarks/decode_attention.py --contexts 32768 16384 4096 --methods affine --bits 8 4 2 \
+      --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 b64s3:block_n=64,num_stages=3 \
+      --out "$out/affine" > "$out/tiles_affine.log" 2>&1
     python benchmarks/decode_attention.py --contexts 32768 4096 1024 --methods turbo --bits 8 4 2 \
       --variants rows:keys_major=False keys:keys_major=True --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
     grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" | cut -d'|' -f3-6,8
+    ;;
+  ceiling)
+    python benchmarks/decode_stream_ceiling.py --out "$out" > "$out/stream_ceiling.log" 2>&1
+    grep -E '^\|' "$out/stream_ceiling.log" | cut -d'|' -f3,4,10,12,13
     ;;
   tests)
     python -m pytest tests -m gpu -q -n 4 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1

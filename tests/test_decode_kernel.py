@@ -1081,6 +1081,46 @@ def test_keys_major_tiles_go_to_one_warp_words(method, bits, D, S, keys):
     assert not _plan_options(cfg, S, D=D, row_groups=1)[1]["KEYS_MAJOR"]
 
 
+@pytest.mark.parametrize("bits, S, L, wide", [
+    (2, 32768, 1, True), (2, 65536, 1, True),   # splits of 2048 / 4096 keys: 128-key blocks, 2 stages
+    (2, 4096, 1, False),                         # 256 keys a split: not timed
+    (2, 32768, 2, False),                        # tiles of 8 rows: not timed
+    (4, 32768, 1, False), (8, 32768, 1, False),  # 4-bit 103.4 → 105.5 µs, 8-bit 189.3 → 201.3 (H100)
+    ((2, 4), 32768, 1, False),
+])
+def test_long_two_bit_keys_major_splits_read_128_key_blocks(monkeypatch, bits, S, L, wide):
+    # H100, 32K, same process: affine 2-bit 62.75 → 60.25 µs (and 63.31 → 60.34 the session before)
+    from turboquant.templates import decode_attention as da
+
+    monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", 132)
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    cfg = KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits)
+    plan = _plan(cfg, S, L=L, B=8)
+    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    assert consts["KEYS_MAJOR"] and plan.split.options["num_warps"] == 1
+    narrow = 32 if 8 in (k_bits, v_bits) else 64  # one-warp programs' block otherwise
+    assert (consts["BLOCK_N"], plan.split.options["num_stages"]) == ((128, 2) if wide else (narrow, 3))
+    splits, split_blocks = plan.split.grid[1], plan.split.tail[2]
+    assert splits * split_blocks * consts["BLOCK_N"] >= S > (splits - 1) * split_blocks * consts["BLOCK_N"]
+    if wide:  # the wave's splits as with 64-key blocks: 8 programs an SM
+        assert splits == 8 * 132 // 64
+    # a caller's block or stages keep the rest of the defaults
+    assert _plan_options(cfg, S, L=L, B=8, block_n=64)[0]["num_stages"] == 3
+    assert _plan_options(cfg, S, L=L, B=8, num_stages=3)[1]["BLOCK_N"] == narrow
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_keys_major_two_bit_blocks_of_128_keys_at_two_stages(num_splits):
+    # the tile _wide_key_blocks gives long 2-bit splits, on a short odd cache: against the oracle and the
+    # 64-key tile on the same codes
+    args = dict(B=2, hkv=2, g=4, L=1, S=301, D=128, mask="padded", seed=11, num_warps=1, num_splits=num_splits,
+                keys_major=True)
+    wide, ref = _case("affine", 2, 2, block_n=128, num_stages=2, **args)
+    narrow, _ = _case("affine", 2, 2, block_n=64, num_stages=3, **args)
+    assert _rel(wide, ref) < TOL
+    assert _rel(wide, narrow.double()) < 1e-4
+
+
 def test_keys_major_names_what_it_takes():
     with pytest.raises(ValueError, match=r"keys_major=True takes keys and values of 2, 4 or 8 bits.*"
                                          r"got turbo 3-bit keys and turbo 3-bit values of head_dim 128"):

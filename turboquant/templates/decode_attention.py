@@ -99,6 +99,7 @@ LONG_CACHE_KEYS = 2048
 # (:func:`_plane_hadamard`), and affine values without row groups sum their blocks in fp32 adds
 # (:func:`_block_sums`).
 LONG_SPLIT_KEYS = 1024
+WIDE_BLOCK_SPLIT_KEYS = 2048  # the split length 128-key blocks were timed at (32K, B=8, Hkv=8, 132 SMs)
 
 
 def _computed_levels(spec: TensorQuantSpec) -> bool:
@@ -442,6 +443,20 @@ def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int
     return d > 64 and all(s.method == "affine" or s.bits in (2, 4) for s in (k_spec, v_spec))
 
 
+def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, split_keys: int) -> bool:
+    """Whether a keys-major tile reads 128 keys a block at 2 pipeline stages instead of 64 at 3: affine 2-bit
+    keys and values, tiles of at most 4 query rows, splits of ``WIDE_BLOCK_SPLIT_KEYS`` keys or more (where it
+    was timed). H100, B=8, Hq=32, Hkv=8, D=128, 32K, CUDA graph µs, 64 keys / 3 stages → 128 / 2, same process:
+    2-bit 63.31 → 60.34 (2026-12-06, 37th session) and 62.75 → 60.25 (38th,
+    ``benchmarks/results/session38_gpu/decode_variants_affine_32k_h100.csv``); 4-bit 103.4 → 105.5 and 8-bit
+    189.3 → 201.3 slower, 3-bit (row groups, byte planes) 92.13 → 727.2. Half the blocks pay half of what a
+    block costs once (its metadata loads, the softmax's row reductions, the rescale test): sm_90 SASS at 32K
+    12.26 loop instructions per key against 14.00, at 242 registers against 167 (8 programs still fit an SM).
+    Why 4-bit loses is not known. Not timed on the H200, nor at 16K."""
+    return (all(s.method == "affine" and s.bits == 2 for s in (k_spec, v_spec)) and rows <= 4
+            and split_keys >= WIDE_BLOCK_SPLIT_KEYS)
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -586,6 +601,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
+    block_n_set, stages_set = block_n is not None, num_stages is not None
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
     host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
@@ -646,6 +662,11 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          f"{v_spec.bits}-bit values of head_dim {D}")
     if keys_major:
         row_groups, query_sum_tile = 1, False
+        if not (block_n_set or stages_set) and _wide_key_blocks(k_spec, v_spec, M, split_keys):
+            block_n, num_stages = 128, 2
+            split_blocks = _cdiv(split_keys, block_n)
+            split_keys = split_blocks * block_n
+            num_splits = max(1, _cdiv(S, split_keys))
     if row_groups is None:
         row_groups = _row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp else 1
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
@@ -758,7 +779,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     (:func:`_query_sum_tile`; by default with row groups). ``keys_major``: a tile as scores ``[keys, rows]``
     and accumulators ``[dims, rows]``, for 2/4/8-bit rows in 16-bit words (:func:`_keys_major`; by default for
     affine and 2/4-bit turbo rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor
-    ``query_sum_tile`` is set: :func:`_keys_major_default`).
+    ``query_sum_tile`` is set: :func:`_keys_major_default`). ``block_n``, ``num_stages``: keys per block and
+    pipeline stages (by default 64 and 3 in one-warp programs, 32 with 8-bit rows; 128 and 2 for long affine
+    2-bit keys-major splits, :func:`_wide_key_blocks`, unless either is set).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
