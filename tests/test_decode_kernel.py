@@ -1109,6 +1109,22 @@ def test_long_two_bit_keys_major_splits_read_128_key_blocks(monkeypatch, bits, S
     assert _plan_options(cfg, S, L=L, B=8, num_stages=3)[1]["BLOCK_N"] == narrow
 
 
+@pytest.mark.gpu
+def test_long_two_bit_splits_on_the_gpu(monkeypatch):
+    # the default plan of a long affine 2-bit cache at full size: 128-key blocks at 2 stages (_wide_key_blocks),
+    # an odd length (the last split short), padding mask
+    from turboquant.templates import decode_attention as da
+
+    monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", torch.cuda.get_device_properties(0).multi_processor_count)
+    S = 32768 + 17
+    plan = _plan(KVQuantConfig(method="affine", bits=2), S, B=8)
+    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    assert (consts["BLOCK_N"], plan.split.options["num_stages"]) == (128, 2)
+    out, ref = _case("affine", 2, 2, B=8, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=3, dtype=torch.bfloat16,
+                     block_n=None)
+    assert _rel(out.to(torch.bfloat16), ref) < TOL
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_keys_major_two_bit_blocks_of_128_keys_at_two_stages(num_splits):
     # the tile _wide_key_blocks gives long 2-bit splits, on a short odd cache: against the oracle and the
