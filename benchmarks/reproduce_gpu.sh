@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures RESULTS.md leads with, and the GPU tests, in one command per part:
 #
-#   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K and 1K, then the decode kernel's GPU tests (~8 min)
+#   bash benchmarks/reproduce_gpu.sh kernel [OUT]   # issue 4: decode attention at 32K, 16K, 1K, then the decode kernel's GPU tests (~6 min)
 #   bash benchmarks/reproduce_gpu.sh step [OUT]     # issue 5: batch 1 x 1K decode steps in default mode, affine and turbo
 #                                                   # at 8/4/3 bits against bf16, five paired rounds each (~7 min)
 #   bash benchmarks/reproduce_gpu.sh launches [OUT] # the Triton kernels one layer's compiled decode step launches, per
@@ -34,8 +34,8 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader > "
 read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 turbo-4 turbo-3}"  # step, launches
 case "$part" in
   kernel)
-    python benchmarks/decode_attention.py --contexts 32768 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
-    python -m pytest tests/test_decode_kernel.py -m gpu -q -n 4 > "$out/decode_gpu_tests.log" 2>&1
+    python benchmarks/decode_attention.py --contexts 32768 16384 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
+    python -m pytest tests/test_decode_kernel.py -m gpu -q -n 8 > "$out/decode_gpu_tests.log" 2>&1
     tail -1 "$out/decode_gpu_tests.log"
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8,12
     ;;
@@ -72,7 +72,7 @@ case "$part" in
     grep -E '^\|' "$out/stream_ceiling.log" | cut -d'|' -f3,4,10,12,13
     ;;
   tests)
-    python -m pytest tests -m gpu -q -n 4 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
+    python -m pytest tests -m gpu -q -n 8 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
     grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log"
     tail -1 "$out/gpu_tests.log"
     ;;
