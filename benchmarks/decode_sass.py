@@ -110,7 +110,7 @@ def programs_per_sm_fit(registers: int, shared: int, num_warps: int) -> int:
     """How many programs an H100/H200 multiprocessor holds at once: 64K registers allocated per warp in
     units of 256 (8 a thread), 228 KB of shared memory less 1 KB per program, 64 warps, 32 programs."""
     by_regs = 65536 // (-(-max(registers, 1) // 8) * 8 * 32 * num_warps)
-    by_shared = 233472 // (shared + 1024)
+    by_shared = da.SM_SHARED_BYTES // (shared + da.PROGRAM_RESERVED_SHARED)
     return min(by_regs, by_shared, 64 // num_warps, 32)
 
 

@@ -1109,6 +1109,40 @@ def test_long_two_bit_keys_major_splits_read_128_key_blocks(monkeypatch, bits, S
     assert _plan_options(cfg, S, L=L, B=8, num_stages=3)[1]["BLOCK_N"] == narrow
 
 
+def test_occupancy_cap_pads_the_split_programs_shared_memory():
+    # a tuning experiment (does the CTA scheduler spread a wave evenly?): the split kernel launched with shared
+    # memory padded so that at most occupancy_cap programs fit an SM; the call's literal tuning tuple carries it
+    from turboquant.templates import decode_attention as da
+
+    cfg = KVQuantConfig(method="affine", bits=4)
+    assert _plan(cfg, 4096).split.min_shared == 0
+    for cap in (5, 8, 12, 32):
+        pad = _plan(cfg, 4096, occupancy_cap=cap).split.min_shared
+        per = pad + da.PROGRAM_RESERVED_SHARED
+        assert cap * per <= da.SM_SHARED_BYTES < (cap + 1) * per and pad <= da.MAX_PADDED_SHARED
+    assert _plan(cfg, 4096, occupancy_cap=8).merge.min_shared == 0
+    for bad in (4, 33, 8.0):
+        with pytest.raises(ValueError, match=rf"occupancy_cap={bad!r}: allowed None or an integer from 5 to 32"):
+            _plan(cfg, 4096, occupancy_cap=bad)
+    out, ref = _case("affine", 4, 4, B=1, hkv=2, g=4, L=1, S=77, D=64, mask=None, seed=2, occupancy_cap=8)
+    assert _rel(out, ref) < TOL
+    assert next(reversed(da._PLANS.values())).split.min_shared == 28160
+
+
+@pytest.mark.gpu
+def test_an_occupancy_cap_changes_nothing_but_the_launch():
+    # the same kernel and arguments, launched by torch's C++ launcher with padded shared memory
+    from turboquant.templates import decode_attention as da
+
+    args = dict(B=8, hkv=8, g=4, L=1, S=4099, D=128, mask="padded", seed=4, dtype=torch.bfloat16, block_n=None)
+    capped, ref = _case("affine", 4, 4, occupancy_cap=8, **args)
+    plan = next(reversed(da._PLANS.values()))
+    assert plan.split.min_shared == 28160 and plan.split.static is not None
+    capped, _ = _case("affine", 4, 4, occupancy_cap=8, **args)  # a later call: the static launch
+    plain, _ = _case("affine", 4, 4, **args)
+    assert torch.equal(capped, plain) and _rel(capped.to(torch.bfloat16), ref) < TOL
+
+
 @pytest.mark.gpu
 def test_long_two_bit_splits_on_the_gpu(monkeypatch):
     # the default plan of a long affine 2-bit cache at full size: 128-key blocks at 2 stages (_wide_key_blocks),

@@ -368,7 +368,7 @@ def static_launch_signature(kernel, n_pointers: int):
     return tuple(i - n_pointers for i in runtime[n_pointers:]), "".join(types) + "O" * scratch
 
 
-def static_cuda_launch(kernel, n_pointers: int):
+def static_cuda_launch(kernel, n_pointers: int, min_shared: int = 0):
     """A launch of Triton's compiled ``kernel`` by torch's C++ launcher for Triton kernels (the one
     Inductor launches its own kernels with): one C call with the kernel's run-time arguments only, where
     Triton's launcher runs a Python frame and parses every argument, constexprs included (a batch-1
@@ -377,7 +377,9 @@ def static_cuda_launch(kernel, n_pointers: int):
     Returns ``(tail_indices, launch)`` (:func:`static_launch_signature`'s indices) with
     ``launch(grid, stream, args)``, ``args`` the pointers (integers) and the run-time values after them;
     or None where this torch has no such launcher (CPU builds) or the kernel needs what it does not do
-    (clusters, cooperative or programmatic-dependent launches, scratch memory)."""
+    (clusters, cooperative or programmatic-dependent launches, scratch memory). ``min_shared``: launch with at
+    least this many bytes of shared memory (fewer programs then fit a multiprocessor; at most 48 KB, past which
+    the kernel's limit would have to be raised)."""
     launcher = getattr(torch._C, "_StaticCudaLauncher", None)
     md = kernel.metadata
     if (launcher is None or getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
@@ -390,7 +392,8 @@ def static_cuda_launch(kernel, n_pointers: int):
     tail_indices, arg_types = signature
     scratch = (None,) * (len(arg_types) - n_pointers - len(tail_indices))  # null scratch pointers
     kernel.run  # noqa: B018 -- loads the module: ``function`` is its handle
-    function, warps, shared, launch_kernel = kernel.function, md.num_warps, md.shared, launcher._launch_kernel
+    function, warps, shared, launch_kernel = kernel.function, md.num_warps, max(md.shared, min_shared), \
+        launcher._launch_kernel
 
     def launch(grid, stream, args):
         launch_kernel(function, grid[0], grid[1], grid[2], warps, shared, arg_types, args + scratch, stream)

@@ -100,6 +100,13 @@ LONG_CACHE_KEYS = 2048
 # (:func:`_block_sums`).
 LONG_SPLIT_KEYS = 1024
 WIDE_BLOCK_SPLIT_KEYS = 2048  # the split length 128-key blocks were timed at (32K, B=8, Hkv=8, 132 SMs)
+# an H100/H200 multiprocessor's shared memory as the occupancy calculator counts it, and what each resident
+# program takes of it besides its own (occupancy_cap)
+SM_SHARED_BYTES = 233472
+PROGRAM_RESERVED_SHARED = 1024
+# Triton's loader raises a kernel's dynamic shared memory limit past 48 KB only for kernels that need it
+# themselves: a cap pads to at most this
+MAX_PADDED_SHARED = 49152
 
 
 def _computed_levels(spec: TensorQuantSpec) -> bool:
@@ -518,23 +525,41 @@ CPU_PLAN_MULTIPROCESSORS = 4
 _MAX_PLANS = 256  # one per call shape; a generation uses a handful
 
 
+def _capped_shared(occupancy_cap: Optional[int]) -> int:
+    """The shared memory a split program is launched with so that at most ``occupancy_cap`` programs fit an
+    H100/H200 multiprocessor (0: the kernel's own). A tuning experiment: whether the CTA scheduler spreads a
+    wave of ``programs_per_sm`` programs evenly where registers would let 12 share an SM. Launched by torch's
+    C++ launcher only (:func:`~turboquant.compat.static_cuda_launch`)."""
+    if occupancy_cap is None:
+        return 0
+    lo = -(-SM_SHARED_BYTES // (MAX_PADDED_SHARED + PROGRAM_RESERVED_SHARED))
+    if not isinstance(occupancy_cap, int) or not lo <= occupancy_cap <= 32:
+        raise ValueError(f"occupancy_cap={occupancy_cap!r}: allowed None or an integer from {lo} to 32 (programs per "
+                         f"multiprocessor; fewer would need more than {MAX_PADDED_SHARED} bytes of shared memory each)")
+    return SM_SHARED_BYTES // occupancy_cap - PROGRAM_RESERVED_SHARED
+
+
 class _Launch:
     """One kernel's launch in a plan: grid, launch options, the arguments after the tensors (static
     per shape), and the compiled kernel once the first call built it."""
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "static", "static_tail")
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "static", "static_tail", "min_shared")
 
-    def __init__(self, kernel, grid, tail, options):
+    def __init__(self, kernel, grid, tail, options, min_shared=0):
         grid = (*grid, 1, 1)[:3]  # the launcher takes three dimensions
         self.kernel, self.grid, self.tail, self.options, self.compiled = kernel, grid, tail, options, None
         self.static = self.static_tail = None
+        self.min_shared = min_shared  # launch with at least this much shared memory (_capped_shared)
 
     def jit(self, tensors: tuple) -> None:
         """The first launch: through Triton's JIT with the tensors, which compiles (and, under
         ``TRITON_INTERPRET``, runs the kernel on CPU tensors, which keeps no compiled kernel)."""
         ck = self.kernel[self.grid](*tensors, *self.tail, **self.options)
         if isinstance(ck, triton.compiler.CompiledKernel):
-            static = compat.static_cuda_launch(ck, len(tensors))
+            static = compat.static_cuda_launch(ck, len(tensors), self.min_shared)
+            if static is None and self.min_shared:
+                raise NotImplementedError("occupancy_cap needs torch's C++ launcher for Triton kernels "
+                                          "(torch._C._StaticCudaLauncher), which this torch or kernel lacks")
             if static is not None:
                 self.static_tail = tuple(self.tail[i] for i in static[0])
                 self.static = static[1]
@@ -582,7 +607,8 @@ class _Plan:
 _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stages=None, programs_per_sm=None,
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
-                        polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None)
+                        polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
+                        occupancy_cap=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -597,7 +623,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major) = tuning
+     query_sum_tile, keys_major, occupancy_cap) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -722,7 +748,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
             *(consts[n] for n in names[names.index("HKV"):]))
     assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
     options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
-    plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options)
+    plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options,
+                         _capped_shared(occupancy_cap))
     plan.merge = None if final else _Launch(
         _merge_splits_kernel, (B * HQ * L,),
         (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts))), {})
@@ -742,7 +769,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      register_lut: Optional[bool] = None, plane_hadamard: Optional[bool] = None,
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
-                     query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None) -> torch.Tensor:
+                     query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
+                     occupancy_cap: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -781,7 +809,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     affine and 2/4-bit turbo rows in one-warp programs from head_dim 96, where neither ``row_groups`` nor
     ``query_sum_tile`` is set: :func:`_keys_major_default`). ``block_n``, ``num_stages``: keys per block and
     pipeline stages (by default 64 and 3 in one-warp programs, 32 with 8-bit rows; 128 and 2 for long affine
-    2-bit keys-major splits, :func:`_wide_key_blocks`, unless either is set).
+    2-bit keys-major splits, :func:`_wide_key_blocks`, unless either is set). ``occupancy_cap``: at most this
+    many split programs per multiprocessor (5–32), by launching each with padded shared memory (CUDA, torch's
+    C++ launcher; for tuning: :func:`_capped_shared`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -790,7 +820,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major)
+              query_sum_tile, keys_major, occupancy_cap)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q
