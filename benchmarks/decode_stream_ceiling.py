@@ -12,7 +12,8 @@ value code tiles (int16 words through the pipeliner's shared-memory stages into 
 value dots take them) and, one block ahead in registers, each key's and value's 4-byte metadata word.
 Nothing else: the time left is what the access pattern costs. Variants change one thing each
 (metadata off, keys per block, stages, warps, programs per SM); ``bf16`` rows read 256-byte rows
-without metadata, the pattern of a bf16 cache. ``pct_of_copy`` divides by a device copy measured
+without metadata, the pattern of a bf16 cache; 3-bit rows (48 bytes) are read as tiles of 64 bytes, the last
+16 masked (the split kernel reads them as three byte planes). ``pct_of_copy`` divides by a device copy measured
 first in the same process (``decode_attention.copy_bandwidth``).
 """
 
@@ -35,15 +36,17 @@ COLUMNS = ["context", "setting", "variant", "block_n", "num_stages", "num_warps"
 @triton.jit
 def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW: tl.constexpr,
                    BLOCK_N: tl.constexpr, META: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """Read one split of one head's keys and values as the split kernel does; store a checksum."""
+    """Read one split of one head's keys and values as the split kernel does; store a checksum. Rows of
+    ``ROW`` int16 words, read as a tile of the next power of two columns (3-bit rows: 24 words in 32)."""
     pid_bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     base_c = pid_bh * S * ROW
     base_m = pid_bh * S
     start = split * split_blocks * BLOCK_N
-    cols = tl.arange(0, ROW)
+    COLS: tl.constexpr = triton.next_power_of_2(ROW)
+    cols = tl.arange(0, COLS)
     ones = tl.full([16, BLOCK_N], 1.0, tl.float16)
-    acc = tl.zeros([16, ROW], tl.float32)
+    acc = tl.zeros([16, COLS], tl.float32)
     m_acc = tl.zeros([BLOCK_N], tl.int32)
     n0 = start + tl.arange(0, BLOCK_N)
     km = tl.load(km_ptr + base_m + n0)
@@ -55,8 +58,8 @@ def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW
             km_next = tl.load(km_ptr + base_m + n_next)
             vm_next = tl.load(vm_ptr + base_m + n_next)
         off = base_c + n.to(tl.int64)[:, None] * ROW + cols[None, :]
-        k = tl.load(kc_ptr + off).to(tl.float16, bitcast=True)
-        v = tl.load(vc_ptr + off).to(tl.float16, bitcast=True)
+        k = tl.load(kc_ptr + off, mask=cols[None, :] < ROW, other=0).to(tl.float16, bitcast=True)
+        v = tl.load(vc_ptr + off, mask=cols[None, :] < ROW, other=0).to(tl.float16, bitcast=True)
         acc = tl.dot(ones, k, acc)
         acc = tl.dot(ones, v, acc)
         if META:
@@ -140,7 +143,7 @@ def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=32768)
-    p.add_argument("--bits", type=int, nargs="+", default=[2, 4, 8, 16], choices=[2, 4, 8, 16],
+    p.add_argument("--bits", type=int, nargs="+", default=[2, 3, 4, 8, 16], choices=[2, 3, 4, 8, 16],
                    help="code widths (row words of D·bits/16; 16: bf16 rows)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--sm90-loop", action="store_true",
