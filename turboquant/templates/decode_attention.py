@@ -456,9 +456,10 @@ def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int
     was timed). H100, B=8, Hq=32, Hkv=8, D=128, 32K, CUDA graph µs, 64 keys / 3 stages → 128 / 2, same process:
     2-bit 63.31 → 60.34 (2026-12-06, 37th session) and 62.75 → 60.25 (38th,
     ``benchmarks/results/session38_gpu/decode_variants_affine_32k_h100.csv``); 4-bit 103.4 → 105.5 and 8-bit
-    189.3 → 201.3 slower, 3-bit (row groups, byte planes) 92.13 → 727.2 (it spills: 1704 bytes). Half as many blocks pay what each
-    block costs once (its metadata loads, the softmax's row reductions, the rescale test): sm_90 SASS at 32K
-    12.26 loop instructions per key against 14.00, at 242 registers against 167 (8 programs still fit an SM).
+    189.3 → 201.3 slower, 3-bit (row groups, byte planes) 92.13 → 727.2 (it spills: 1704 bytes). Half as
+    many blocks pay what each block costs once (its metadata loads, the softmax's row reductions, the rescale
+    test): sm_90 SASS at 32K 12.26 loop instructions per key against 14.00, at 242 registers against 167 (8
+    programs still fit an SM).
     Why 4-bit loses is not known. Not timed on the H200, nor at 16K."""
     return (all(s.method == "affine" and s.bits == 2 for s in (k_spec, v_spec)) and rows <= 4
             and split_keys >= WIDE_BLOCK_SPLIT_KEYS)
