@@ -58,6 +58,20 @@ def test_tq_bench_names_a_bad_shape():
         main(["bench", "--tiny", "--device", "cpu", "--shapes", "8by32768", "--out", ""])
 
 
+def test_tq_bench_modes_are_the_ones_its_help_lists():
+    import argparse
+
+    from turboquant.bench.e2e import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    mode = next(a for a in parser._actions if a.dest == "mode")
+    assert mode.choices == ["default", "reduce-overhead", "max-autotune"]  # each one parses as listed
+    assert parser.parse_args([]).mode == "default"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "None"])
+
+
 def test_tq_bench_rejects_an_unknown_setting_before_running():
     with pytest.raises(ValueError, match="not understood"):
         main(["bench", "--tiny", "--device", "cpu", "--settings", "affine-4", "nonsense-3", "--out", ""])

@@ -191,7 +191,7 @@ def add_arguments(p: argparse.ArgumentParser, out_default: str = "tq_bench"):
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--budget-gib", type=float, default=40.0, help="cache budget for the tokens-that-fit column")
     p.add_argument("--device", default="auto")
-    p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune"],
+    p.add_argument("--mode", default="default", choices=["default", "reduce-overhead", "max-autotune"],
                    help="torch.compile mode for every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--cache", default="static", choices=list(CACHES),
                    help="transformers' cache: static (preallocated) or dynamic (grown by concatenation)")
@@ -214,7 +214,7 @@ def run_from_args(args) -> int:
 
     shapes = [_shape(s) for s in args.shapes] if args.shapes else None
     rows = run_bench(args.contexts, args.batches, args.settings, args.new_tokens, args.budget_gib, args.device,
-                     args.tiny, None if args.mode in (None, "default") else args.mode, not args.no_progress,
+                     args.tiny, None if args.mode == "default" else args.mode, not args.no_progress,
                      shapes=shapes, cache=args.cache)
     env = environment()
     print(f"End-to-end greedy generation, {args.new_tokens} new tokens, {args.cache} cache, compiled "
