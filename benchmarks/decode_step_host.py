@@ -329,7 +329,7 @@ def run(settings, context, new_tokens, device="cuda", tiny=False, repeats=3, mod
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_arguments(p, ["bf16", "affine-4", "turbo-4"], "time")
-    p.add_argument("--mode", default=None, choices=[None, "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+    p.add_argument("--mode", default=None, choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile mode of every setting (reduce-overhead: CUDA graphs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (each time's least counts)")
     p.add_argument("--profile", action="store_true",
