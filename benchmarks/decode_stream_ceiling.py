@@ -13,7 +13,9 @@ value dots take them) and, one block ahead in registers, each key's and value's 
 Nothing else: the time left is what the access pattern costs. Variants change one thing each
 (metadata off, keys per block, stages, warps, programs per SM); ``bf16`` rows read 256-byte rows
 without metadata, the pattern of a bf16 cache; 3-bit rows (48 bytes) are read as tiles of 64 bytes, the last
-16 masked (the split kernel reads them as three byte planes). ``pct_of_copy`` divides by a device copy measured
+16 masked, and in variants as the split kernel reads them (three 16-byte planes; the values' bytes then
+leave shared memory a byte a load, as there) and as the same words in rows 64 bytes apart (does the 48-byte
+stride cost anything?). ``pct_of_copy`` divides by a device copy measured
 first in the same process (``decode_attention.copy_bandwidth``). H100, 38th session: the pattern alone reads
 2-bit rows at 2903 GB/s, 4-bit 2999, 8-bit 2995, bf16 3077, and no variant moves it past the run's spread
 (``benchmarks/RESULTS.md``).
@@ -37,18 +39,24 @@ COLUMNS = ["context", "setting", "variant", "block_n", "num_stages", "num_warps"
 
 @triton.jit
 def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW: tl.constexpr,
-                   BLOCK_N: tl.constexpr, META: tl.constexpr, NUM_STAGES: tl.constexpr):
+                   BLOCK_N: tl.constexpr, META: tl.constexpr, NUM_STAGES: tl.constexpr, PLANES3: tl.constexpr,
+                   READ: tl.constexpr):
     """Read one split of one head's keys and values as the split kernel does; store a checksum. Rows of
-    ``ROW`` int16 words, read as a tile of the next power of two columns (3-bit rows: 24 words in 32)."""
+    ``ROW`` int16 words, read as a tile of the next power of two columns (3-bit rows: 24 words in 32), or
+    with ``PLANES3`` as three 16-byte planes of each 48-byte row (the split kernel's 3-bit byte planes). ``READ``:
+    the words of a row read (the rest of a wider row's stride left alone)."""
     pid_bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     base_c = pid_bh * S * ROW
     base_m = pid_bh * S
     start = split * split_blocks * BLOCK_N
-    COLS: tl.constexpr = triton.next_power_of_2(ROW)
+    COLS: tl.constexpr = 16 if PLANES3 else triton.next_power_of_2(ROW)
+    tl.static_assert(not PLANES3 or ROW == 24)
     cols = tl.arange(0, COLS)
     ones = tl.full([16, BLOCK_N], 1.0, tl.float16)
     acc = tl.zeros([16, COLS], tl.float32)
+    ones16 = tl.full([16, 16], 1.0, tl.float16)
+    k_acc = tl.zeros([16, BLOCK_N], tl.float32)
     m_acc = tl.zeros([BLOCK_N], tl.int32)
     n0 = start + tl.arange(0, BLOCK_N)
     km = tl.load(km_ptr + base_m + n0)
@@ -59,26 +67,37 @@ def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW
         if META:  # a block ahead, in registers, as _block_meta's loads
             km_next = tl.load(km_ptr + base_m + n_next)
             vm_next = tl.load(vm_ptr + base_m + n_next)
-        off = base_c + n.to(tl.int64)[:, None] * ROW + cols[None, :]
-        k = tl.load(kc_ptr + off, mask=cols[None, :] < ROW, other=0).to(tl.float16, bitcast=True)
-        v = tl.load(vc_ptr + off, mask=cols[None, :] < ROW, other=0).to(tl.float16, bitcast=True)
-        acc = tl.dot(ones, k, acc)
-        acc = tl.dot(ones, v, acc)
+        if PLANES3:  # the keys' planes meet the query along the row, the values' along the keys
+            off = (base_c + n.to(tl.int64)[:, None] * ROW) * 2 + cols[None, :]  # bytes
+            for p in tl.static_range(3):
+                k = tl.load(kc_ptr.to(tl.pointer_type(tl.uint8)) + off + 16 * p).to(tl.int16)
+                v = tl.load(vc_ptr.to(tl.pointer_type(tl.uint8)) + off + 16 * p).to(tl.int16)
+                k_acc = tl.dot(ones16, tl.trans(k.to(tl.float16, bitcast=True)), k_acc)
+                acc = tl.dot(ones, v.to(tl.float16, bitcast=True), acc)
+        else:
+            off = base_c + n.to(tl.int64)[:, None] * ROW + cols[None, :]
+            k = tl.load(kc_ptr + off, mask=cols[None, :] < READ, other=0).to(tl.float16, bitcast=True)
+            v = tl.load(vc_ptr + off, mask=cols[None, :] < READ, other=0).to(tl.float16, bitcast=True)
+            acc = tl.dot(ones, k, acc)
+            acc = tl.dot(ones, v, acc)
         if META:
             m_acc = m_acc ^ km ^ vm
             km, vm = km_next, vm_next
-    total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(m_acc, axis=0).to(tl.float32)
+    total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(k_acc, axis=1), axis=0) + tl.sum(m_acc, axis=0).to(
+        tl.float32)
     tl.store(out_ptr + pid_bh * tl.num_programs(1) + split, total)
 
 
-def stream(kc, km, vc, vm, out, block_n=64, num_stages=3, num_warps=1, programs_per_sm=8, meta=True, sms=None):
+def stream(kc, km, vc, vm, out, block_n=64, num_stages=3, num_warps=1, programs_per_sm=8, meta=True, sms=None,
+           planes3=False, read=None):
     """One launch over ``kc``/``vc`` ``[BH, S, ROW]`` int16 and ``km``/``vm`` ``[BH, S]`` int32; returns ``out``."""
     bh, S, row = kc.shape
     sms = sms or torch.cuda.get_device_properties(kc.device).multi_processor_count
     splits = max(1, min(programs_per_sm * sms // bh, S // block_n))
     split_blocks = S // (splits * block_n)
     _stream_kernel[(bh, splits)](kc, km, vc, vm, out, S, split_blocks, ROW=row, BLOCK_N=block_n, META=meta,
-                                 NUM_STAGES=num_stages, num_warps=num_warps)
+                                 NUM_STAGES=num_stages, PLANES3=planes3, READ=read or row,
+                                 num_warps=num_warps)
     return out, splits * split_blocks * block_n
 
 
@@ -88,6 +107,11 @@ def variants(bits):
     changes = [("kernel's", {}), ("no meta", {"meta": False}), ("128 keys", {"block_n": 128}),
                ("128 keys, 2 stages", {"block_n": 128, "num_stages": 2}), ("4 stages", {"num_stages": 4}),
                ("16 programs", {"programs_per_sm": 16}), ("4 warps, 128 keys", {"num_warps": 4, "block_n": 128})]
+    if bits == 3:  # the split kernel reads three byte planes a row; 64-byte tiles are the other rows' shape
+        changes = [("byte planes", {"planes3": True}), ("byte planes, no meta", {"planes3": True, "meta": False}),
+                   ("byte planes, 2 stages", {"planes3": True, "num_stages": 2}),
+                   ("byte planes, 4 stages", {"planes3": True, "num_stages": 4}),
+                   ("words, 64-byte stride", {"stride64": True})] + changes
     if bits == 16:
         # 64 KB of stages a program at 3: as many programs as fit an SM's shared memory
         changes = [("no meta", {"meta": False, "programs_per_sm": 3}),
@@ -112,9 +136,14 @@ def run(S, bits_list, BH=64, D=128):
         km = torch.randint(0, 1 << 20, (BH, S), device="cuda", dtype=torch.int32)
         vm = torch.randint(0, 1 << 20, (BH, S), device="cuda", dtype=torch.int32)
         for name, kw in variants(bits):
+            kw = dict(kw)
+            k_rows, v_rows = kc, vc
+            if kw.pop("stride64", False):  # 3-bit rows' words, 64 bytes apart: the 2/4-bit rows' alignment
+                k_rows, v_rows = (torch.randint(0, 256, (BH, S, 32), device="cuda", dtype=torch.int16) for _ in "kv")
+                kw["read"] = row
             try:
-                _, keys = stream(kc, km, vc, vm, out, **kw)
-                usg = tt.do_bench_cudagraph(lambda: stream(kc, km, vc, vm, out, **kw), rep=50,
+                _, keys = stream(k_rows, km, v_rows, vm, out, **kw)
+                usg = tt.do_bench_cudagraph(lambda: stream(k_rows, km, v_rows, vm, out, **kw), rep=50,
                                             return_mode="median") * 1e3
             except Exception as e:  # a tile out of resources
                 print(f"{bits}-bit {name}: {type(e).__name__}: {e}", file=sys.stderr)
@@ -122,8 +151,8 @@ def run(S, bits_list, BH=64, D=128):
             nbytes = BH * keys * (2 * row * 2 + (8 if kw["meta"] else 0))
             gbps = nbytes / usg / 1e3
             rows.append({"context": S, "setting": "bf16 rows" if bits == 16 else f"{bits}-bit rows", "variant": name,
-                         **kw, "us_graph": usg, "bytes": nbytes, "GBps_graph": gbps,
-                         "pct_of_copy": 100 * gbps / copy_gbps})
+                         **{k: v for k, v in kw.items() if k in COLUMNS}, "us_graph": usg, "bytes": nbytes,
+                         "GBps_graph": gbps, "pct_of_copy": 100 * gbps / copy_gbps})
     return rows
 
 
@@ -134,8 +163,9 @@ def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1):
 
     sig = {"kc_ptr": "*i16", "km_ptr": "*i32", "vc_ptr": "*i16", "vm_ptr": "*i32", "out_ptr": "*fp32", "S": "i32",
            "split_blocks": "i32", "ROW": "constexpr", "BLOCK_N": "constexpr", "META": "constexpr",
-           "NUM_STAGES": "constexpr"}
-    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages}
+           "NUM_STAGES": "constexpr", "PLANES3": "constexpr", "READ": "constexpr"}
+    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages, "PLANES3": False,
+              "READ": 128 * bits // 16}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     sass, _, shared = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
     n, ops = loop_counts(sass)
