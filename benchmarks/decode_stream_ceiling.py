@@ -17,8 +17,9 @@ without metadata, the pattern of a bf16 cache; 3-bit rows (48 bytes) are read as
 leave shared memory a byte a load, as there) and as the same words in rows 64 bytes apart (does the 48-byte
 stride cost anything?). ``pct_of_copy`` divides by a device copy measured
 first in the same process (``decode_attention.copy_bandwidth``). H100, 38th session: the pattern alone reads
-2-bit rows at 2903 GB/s, 4-bit 2999, 8-bit 2995, bf16 3077, and no variant moves it past the run's spread
-(``benchmarks/RESULTS.md``).
+2-bit rows at 2903 GB/s, 4-bit 2999, 8-bit 2995, bf16 3077, and no variant moves it past the run's spread;
+39th: 3-bit rows as three byte planes 2710 GB/s (80.5 µs at 32K), as masked 64-byte tiles 2400 (a masked
+copy costs what a real one does) (``benchmarks/RESULTS.md``).
 """
 
 import argparse
