@@ -157,7 +157,7 @@ def run(S, bits_list, BH=64, D=128):
     return rows
 
 
-def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1):
+def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1, planes3=False):
     """The pattern kernel compiled for sm_90 on this machine (no GPU): its loop's instruction count and
     opcodes, and its shared memory in bytes (``decode_sass.py``'s compile and loop finder)."""
     from decode_sass import compile_for_sm90, loop_counts
@@ -165,7 +165,7 @@ def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1):
     sig = {"kc_ptr": "*i16", "km_ptr": "*i32", "vc_ptr": "*i16", "vm_ptr": "*i32", "out_ptr": "*fp32", "S": "i32",
            "split_blocks": "i32", "ROW": "constexpr", "BLOCK_N": "constexpr", "META": "constexpr",
            "NUM_STAGES": "constexpr", "PLANES3": "constexpr", "READ": "constexpr"}
-    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages, "PLANES3": False,
+    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages, "PLANES3": planes3,
               "READ": 128 * bits // 16}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     sass, _, shared = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
@@ -183,12 +183,15 @@ def main(argv=None):
                    help="CPU: print the pattern kernel's sm_90 loop (instructions, opcodes, shared bytes) per --bits "
                         "as JSON lines, and time nothing")
     p.add_argument("--no-meta", action="store_true", help="with --sm90-loop: the kernel without metadata loads")
+    p.add_argument("--byte-planes", action="store_true",
+                   help="with --sm90-loop: 3-bit rows read as three byte planes, as the split kernel reads them")
     args = p.parse_args(argv)
     if args.sm90_loop:
         import json
 
         for bits in args.bits:
-            print(json.dumps({"bits": bits, "meta": not args.no_meta, **sm90_loop(bits, meta=not args.no_meta)}))
+            loop = sm90_loop(bits, meta=not args.no_meta, planes3=args.byte_planes and bits == 3)
+            print(json.dumps({"bits": bits, "meta": not args.no_meta, **loop}))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)

@@ -278,6 +278,26 @@ def test_stream_ceiling_reads_as_the_split_kernel_does(bits, meta):
     assert loop["shared"] == 2 * 64 * cols * 2 * 2
 
 
+def test_stream_ceiling_reads_3bit_rows_as_byte_planes_as_the_split_kernel_does():
+    """The 3-bit byte-plane variant compiled for sm_90 (CPU): three 16-byte planes a row through the
+    pipeliner's stages, the values' bytes leaving shared memory a byte a load as the split kernel's do
+    (3 planes × 64 keys × 16 bytes / 32 lanes = 96 ``LDS``; the split kernel's 3-bit loop holds 110)."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_stream_ceiling.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile, not the interpreter
+    out = subprocess.run([sys.executable, str(path), "--sm90-loop", "--bits", "3", "--byte-planes"], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    ops = json.loads(out.splitlines()[-1])["opcodes"]
+    # per plane eight MMAs for the keys' 64 × 16-byte tile and eight for the values'
+    assert ops["LDGSTS"] > 0 and ops["LDS"] >= 96 and ops["HMMA"] == 48, ops
+
+
 def test_compile_codegen_benchmark_smoke(tmp_path):
     """``benchmarks/compile_codegen.py`` on one layer (CPU): a row per setting from a child process,
     the quantized model's schedule with no fewer Triton kernels than bf16's, and the CSV."""
