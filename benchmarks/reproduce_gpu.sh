@@ -59,8 +59,8 @@ case "$part" in
     ;;
   tiles)
     # b128s2: 128-key blocks at 2 stages, long 2-bit splits' default since the 38th session (H100); b64s3: the
-    # one-warp tile's other default; cap8: at most 8 programs an SM (registers let 12 share one: is a wave of 8
-    # per SM spread evenly?)
+    # one-warp tile's other default; cap8: at most 8 programs an SM where registers let 12 share one (no change
+    # on the H100, 39th session: a wave of 8 per SM is spread evenly)
     python benchmarks/decode_attention.py --contexts 32768 16384 4096 --methods affine --bits 8 4 2 \
       --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 b64s3:block_n=64,num_stages=3 \
       cap8:occupancy_cap=8 \
