@@ -84,8 +84,9 @@ def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW
         if META:
             m_acc = m_acc ^ km ^ vm
             km, vm = km_next, vm_next
-    total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(tl.sum(k_acc, axis=1), axis=0) + tl.sum(m_acc, axis=0).to(
-        tl.float32)
+    total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(m_acc, axis=0).to(tl.float32)
+    if PLANES3:
+        total += tl.sum(tl.sum(k_acc, axis=1), axis=0)
     tl.store(out_ptr + pid_bh * tl.num_programs(1) + split, total)
 
 

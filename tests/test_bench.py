@@ -251,11 +251,9 @@ def test_decode_kernel_at_head_dim_64_compiled_for_sm90(tmp_path):
     assert row["num_warps"] == "4" and row["num_splits"] == "8" and float(row["program_per_key"]) < 10, row
 
 
-@pytest.mark.parametrize("bits, meta", [(2, True), (4, True), (2, False), (3, True)])
-def test_stream_ceiling_reads_as_the_split_kernel_does(bits, meta):
-    """``benchmarks/decode_stream_ceiling.py``'s kernel compiled for sm_90 (CPU): its code tiles go through
-    the pipeliner's shared-memory stages (``LDGSTS``) as the split kernel's do, its metadata words are
-    plain loads a block ahead (``LDG``), and its loop computes next to nothing: a pattern, not a kernel."""
+def _stream_ceiling_loop(*args) -> dict:
+    """``benchmarks/decode_stream_ceiling.py --sm90-loop ARGS``' last JSON line, compiled for sm_90 in a child
+    process (a real compile, not the interpreter this process runs under)."""
     import json
     import os
     import pathlib
@@ -264,10 +262,18 @@ def test_stream_ceiling_reads_as_the_split_kernel_does(bits, meta):
 
     pytest.importorskip("triton")
     path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_stream_ceiling.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile, not the interpreter
-    args = [sys.executable, str(path), "--sm90-loop", "--bits", str(bits)] + ([] if meta else ["--no-meta"])
-    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
-    loop = json.loads(out.splitlines()[-1])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(path), "--sm90-loop", *args], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.parametrize("bits, meta", [(2, True), (4, True), (2, False), (3, True)])
+def test_stream_ceiling_reads_as_the_split_kernel_does(bits, meta):
+    """``benchmarks/decode_stream_ceiling.py``'s kernel compiled for sm_90 (CPU): its code tiles go through
+    the pipeliner's shared-memory stages (``LDGSTS``) as the split kernel's do, its metadata words are
+    plain loads a block ahead (``LDG``), and its loop computes next to nothing: a pattern, not a kernel."""
+    loop = _stream_ceiling_loop("--bits", str(bits), *([] if meta else ["--no-meta"]))
     ops, row = loop["opcodes"], 128 * bits // 16
     cols = 1 << (row - 1).bit_length()  # 3-bit rows' 24 words read as 32 columns, the last 8 masked
     # a block's key and value tiles, 16 bytes a copy: 64 keys × 2 · cols words × 2 bytes / 32 lanes / 16
@@ -282,18 +288,7 @@ def test_stream_ceiling_reads_3bit_rows_as_byte_planes_as_the_split_kernel_does(
     """The 3-bit byte-plane variant compiled for sm_90 (CPU): three 16-byte planes a row through the
     pipeliner's stages, the values' bytes leaving shared memory a byte a load as the split kernel's do
     (3 planes × 64 keys × 16 bytes / 32 lanes = 96 ``LDS``; the split kernel's 3-bit loop holds 110)."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton")
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "decode_stream_ceiling.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile, not the interpreter
-    out = subprocess.run([sys.executable, str(path), "--sm90-loop", "--bits", "3", "--byte-planes"], env=env,
-                         check=True, capture_output=True, text=True).stdout
-    ops = json.loads(out.splitlines()[-1])["opcodes"]
+    ops = _stream_ceiling_loop("--bits", "3", "--byte-planes")["opcodes"]
     # per plane eight MMAs for the keys' 64 × 16-byte tile and eight for the values'
     assert ops["LDGSTS"] > 0 and ops["LDS"] >= 96 and ops["HMMA"] == 48, ops
 

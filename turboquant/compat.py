@@ -392,8 +392,8 @@ def static_cuda_launch(kernel, n_pointers: int, min_shared: int = 0):
     tail_indices, arg_types = signature
     scratch = (None,) * (len(arg_types) - n_pointers - len(tail_indices))  # null scratch pointers
     kernel.run  # noqa: B018 -- loads the module: ``function`` is its handle
-    function, warps, shared, launch_kernel = kernel.function, md.num_warps, max(md.shared, min_shared), \
-        launcher._launch_kernel
+    function, warps, launch_kernel = kernel.function, md.num_warps, launcher._launch_kernel
+    shared = max(md.shared, min_shared)
 
     def launch(grid, stream, args):
         launch_kernel(function, grid[0], grid[1], grid[2], warps, shared, arg_types, args + scratch, stream)

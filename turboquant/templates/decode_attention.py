@@ -526,6 +526,15 @@ CPU_PLAN_MULTIPROCESSORS = 4
 _MAX_PLANS = 256  # one per call shape; a generation uses a handful
 
 
+def _splits(S: int, keys: int, block_n: int, pow2_blocks: bool) -> tuple:
+    """Splits of at least ``keys`` keys each in whole blocks (a power of two of them with ``pow2_blocks``):
+    ``(blocks per split, keys per split, splits)``, the last split holding what is left of ``S``."""
+    blocks = _cdiv(keys, block_n)
+    if pow2_blocks:
+        blocks = _pow2(blocks)
+    return blocks, blocks * block_n, max(1, _cdiv(S, blocks * block_n))
+
+
 def _capped_shared(occupancy_cap: Optional[int]) -> int:
     """The shared memory a split program is launched with so that at most ``occupancy_cap`` programs fit an
     H100/H200 multiprocessor (0: the kernel's own). A tuning experiment: whether the CTA scheduler spreads a
@@ -667,7 +676,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
             programs_per_sm = _programs_per_sm(k_spec, v_spec, D, one_warp)
         sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
         num_splits = max(1, min(programs_per_sm * sms // (B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
-    split_blocks = _cdiv(_cdiv(max(S, 1), num_splits), block_n)
     # blocks per split: for one-warp programs the loop's bound is an argument, so any cache length
     # splits evenly into one wave (a power of two had left 32800 keys 17 splits, a second wave:
     # affine 4-bit 132.1 µs against 84.9 with the bound an argument, H200, B=8, Hkv=8; at 32768
@@ -675,10 +683,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     # at 32K with the argument, when it ran four-warp programs), so a growing cache recompiles them only
     # log2(S) times.
     fixed_blocks = not one_warp
-    if fixed_blocks:
-        split_blocks = _pow2(split_blocks)
-    split_keys = split_blocks * block_n  # what the long-split rules below go by
-    num_splits = max(1, _cdiv(S, split_keys))
+    # split_keys: what the long-split rules below go by
+    split_blocks, split_keys, num_splits = _splits(S, _cdiv(max(S, 1), num_splits), block_n, fixed_blocks)
     if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
         keys_major = (one_warp and row_groups is None and query_sum_tile is None
                       and _keys_major_default(k_spec, v_spec, D)
@@ -691,9 +697,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         row_groups, query_sum_tile = 1, False
         if not (block_n_set or stages_set) and _wide_key_blocks(k_spec, v_spec, M, split_keys):
             block_n, num_stages = 128, 2
-            split_blocks = _cdiv(split_keys, block_n)
-            split_keys = split_blocks * block_n
-            num_splits = max(1, _cdiv(S, split_keys))
+            split_blocks, split_keys, num_splits = _splits(S, split_keys, block_n, False)
     if row_groups is None:
         row_groups = _row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp else 1
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
