@@ -164,6 +164,9 @@ def main(argv=None):
     p.add_argument("--keys-major", action=argparse.BooleanOptionalAction, default=None,
                    help="one-warp tiles as scores [keys, rows] and accumulators [dims, rows] (default for affine "
                         "2/4/8-bit and turbo 2/4-bit words from head_dim 96; turbo 8-bit on request), or row-major")
+    p.add_argument("--query-row-load", action=argparse.BooleanOptionalAction, default=None,
+                   help="affine keys' query planes from one load of the rows (default but for one-warp programs of "
+                        "128-key blocks), or a load a plane")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -173,7 +176,8 @@ def main(argv=None):
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
-        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major)
+        constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
+        query_row_load=a.query_row_load)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

@@ -1104,9 +1104,26 @@ def test_long_two_bit_keys_major_splits_read_128_key_blocks(monkeypatch, bits, S
     assert splits * split_blocks * consts["BLOCK_N"] >= S > (splits - 1) * split_blocks * consts["BLOCK_N"]
     if wide:  # the wave's splits as with 64-key blocks: 8 programs an SM
         assert splits == 8 * 132 // 64
+    # the query planes' load a plane at a time where 128-key blocks run (one load of the rows took ptxas to 168
+    # registers from 242 there, and 59.07 → 64.65 µs); one load of the rows everywhere else
+    assert consts["Q_ROW_LOAD"] == (not wide)
     # a caller's block or stages keep the rest of the defaults
     assert _plan_options(cfg, S, L=L, B=8, block_n=64)[0]["num_stages"] == 3
     assert _plan_options(cfg, S, L=L, B=8, num_stages=3)[1]["BLOCK_N"] == narrow
+
+
+@pytest.mark.parametrize("bits, D", [(2, 128), (3, 128), (4, 80), (8, 64), (2, 64), ((4, 8), 96)])
+def test_query_planes_from_one_row_load_or_a_load_a_plane(bits, D):
+    # the query rows loaded once and split into planes in registers (default) or plane by plane: the same
+    # numbers (2/3-bit rows: 8 planes, 4-bit: 4, 8-bit: 2; 64-dim 2-bit: 16-column planes past D / P)
+    from turboquant.templates import decode_attention as da
+
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    assert _plan_options(KVQuantConfig(method="affine", bits=k_bits), 1024)[1]["Q_ROW_LOAD"]
+    outs = [_case("affine", k_bits, v_bits, B=2, hkv=2, g=4, L=2, S=37, D=D, mask="causal", seed=k_bits,
+                  num_splits=2, query_row_load=row)[0] for row in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+    assert [p.split.tail[-1] for p in list(da._PLANS.values())[-2:]] == [True, False]
 
 
 def test_occupancy_cap_pads_the_split_programs_shared_memory():

@@ -465,6 +465,22 @@ def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int
             and split_keys >= WIDE_BLOCK_SPLIT_KEYS)
 
 
+def _query_row_load(one_warp: bool, block_n: int) -> bool:
+    """Whether affine keys' query planes come from one load of the query rows, split in registers
+    (:func:`~.query_planes._q_row`), rather than a load a plane, each waiting out the one before (a plane's
+    conversion to an MMA operand sits between barriers): but for one-warp programs of 128-key blocks. H100,
+    B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, a load a plane → one, same call (2026-12-06, 40th session,
+    ``benchmarks/results/session40_gpu/decode_attention_*_h100.csv``; turbo's signs and rows in both columns):
+    1K affine 8 / 4 / 3 / 2-bit 8.86 → 8.71, 7.85 → 7.69, 9.90 → 9.76, 8.73 → 8.39, turbo 16.27 → 16.15,
+    11.78 → 11.54, 16.24 → 15.61, 12.95 → 11.80; 16K affine 3-bit 51.64 → 50.77, 2-bit 35.67 → 34.87; 32K
+    3-bit 92.61 → 90.62, the rest within 0.6%. With 128-key blocks (:func:`_wide_key_blocks`: affine 2-bit
+    at 32K) one load took the loop from 242 registers to 168 at the same instruction count (12.19 per key
+    against 12.26; sm_90 SASS) and 59.07 → 64.65 µs (an earlier form of the change, which also loaded the
+    first block's metadata ahead of the query: the same 168 registers), and capping the programs at 8 an SM
+    did not bring it back (64.03)."""
+    return not (one_warp and block_n >= 128)
+
+
 def _turbo8(spec: TensorQuantSpec) -> bool:
     return spec.method == "turbo" and spec.bits == 8
 
@@ -618,7 +634,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
-                        occupancy_cap=None)
+                        occupancy_cap=None, query_row_load=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -633,7 +649,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, occupancy_cap) = tuning
+     query_sum_tile, keys_major, occupancy_cap, query_row_load) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -747,7 +763,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         **_row_constants(k_codes, k_meta, v_codes, v_meta, k_word, v_word, k_meta_t, v_meta_t, k_spec, v_spec,
                          constant_rows is not False),
         Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile),
-        KEYS_MAJOR=bool(keys_major))
+        KEYS_MAJOR=bool(keys_major),
+        Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -775,7 +792,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
-                     occupancy_cap: Optional[int] = None) -> torch.Tensor:
+                     occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -816,7 +833,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     pipeline stages (by default 64 and 3 in one-warp programs, 32 with 8-bit rows; 128 and 2 for long affine
     2-bit keys-major splits, :func:`_wide_key_blocks`, unless either is set). ``occupancy_cap``: at most this
     many split programs per multiprocessor (5–32), by launching each with padded shared memory (CUDA, torch's
-    C++ launcher; for tuning: :func:`_capped_shared`).
+    C++ launcher; for tuning: :func:`_capped_shared`). ``query_row_load``: affine keys' query planes from one
+    load of the rows rather than a load a plane (:func:`_query_row_load`; turbo's rotation always loads the rows).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -825,7 +843,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, occupancy_cap)
+              query_sum_tile, keys_major, occupancy_cap, query_row_load)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 
 from .code_operands import _code_word_bytes, _field_unit, _load_row_bytes, _plane_values
-from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _query_sums, _store_dense_back,
-                           _store_hadamard_back, _store_plane)
+from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums, _sign_row,
+                           _store_dense_back, _store_hadamard_back, _store_plane)
 
 
 LOG2E = tl.constexpr(1.4426950408889634)  # scores live in log2 units: exp2 is one instruction
@@ -37,6 +37,7 @@ def _decode_split_kernel(
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
+    Q_ROW_LOAD: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -74,18 +75,21 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
+    # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
-        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D)
+        q_signed = _q_row(q_row, row_ok, KP, KPW, D).to(tl.float32) * _sign_row(krot_ptr, KP, KPW, D).to(tl.float32)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_signed, KP, KPW, D)
     else:
+        x0, x1, x2, x3, x4, x5, x6, x7 = _query_dims(q_row, row_ok, KP, KPW, D, Q_ROW_LOAD)
         q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
-        q0 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q1 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q2 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q3 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q4 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q5 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q6 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
-        q7 = _q_plane(q_row, row_ok, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q0 = _q_plane(x0, q_hi, q_lo, krot_ptr, 0, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q1 = _q_plane(x1, q_hi, q_lo, krot_ptr, 1, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q2 = _q_plane(x2, q_hi, q_lo, krot_ptr, 2, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q3 = _q_plane(x3, q_hi, q_lo, krot_ptr, 3, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q4 = _q_plane(x4, q_hi, q_lo, krot_ptr, 4, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q5 = _q_plane(x5, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q6 = _q_plane(x6, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+        q7 = _q_plane(x7, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
     # Σq (for the key zero points) in plain units: per row, or as a score tile (_query_sum_tile)
     q_sum = _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, KP, KPW, BLOCK_N // NG, K_BITS, K_TURBO, Q_SUM_TILE)
     if KEYS_MAJOR:  # the planes as the B operands of the key dots

@@ -51,10 +51,71 @@ def _q_halves(q_row_ptr, row_ok, D: tl.constexpr, DQ: tl.constexpr):
 
 
 @triton.jit
-def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
+def _planes_of(x, P: tl.constexpr, PW: tl.constexpr):
+    """``x [R, P·PW]`` (column ``P·t + s`` holding dim ``P·t + s``) as its ``P`` planes ``[R, PW]``, plane ``s``
+    the columns ``P·t + s``: eight tensors, zeros past ``P``. Splits in registers, after one load."""
+    R: tl.constexpr = x.shape[0]
+    zero = tl.zeros([R, PW], x.dtype)
+    if P == 1:
+        return x, zero, zero, zero, zero, zero, zero, zero
+    elif P == 2:
+        e0, e1 = tl.split(tl.reshape(x, [R, PW, 2]))
+        return e0, e1, zero, zero, zero, zero, zero, zero
+    elif P == 4:
+        a, b = tl.split(tl.reshape(x, [R, PW, 2, 2]))  # bit 0 of s, then bit 1
+        a0, a1 = tl.split(a)
+        b0, b1 = tl.split(b)
+        return a0, b0, a1, b1, zero, zero, zero, zero
+    else:
+        tl.static_assert(P == 8)
+        a, b = tl.split(tl.reshape(x, [R, PW, 2, 2, 2]))  # bits 0, 1, 2 of s
+        a0, a1 = tl.split(a)
+        b0, b1 = tl.split(b)
+        a00, a01 = tl.split(a0)
+        a10, a11 = tl.split(a1)
+        b00, b01 = tl.split(b0)
+        b10, b11 = tl.split(b1)
+        return a00, b00, a10, b10, a01, b01, a11, b11
+
+
+@triton.jit
+def _q_row(q_row_ptr, row_ok, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+    """The query rows as stored, ``[M, P·PW]`` (zeros past ``D``), which :func:`_planes_of` splits into the
+    planes' dims. Loaded a plane at a time (:func:`_q_dims`), each plane's conversion to an MMA operand
+    (through shared memory, between barriers) came before the next plane's load, which no barrier lets
+    pass: one memory round trip a plane before the loop could start (sm_90 SASS: 4 in a row for 4-bit
+    keys, 8 for 2- and 3-bit, 8 more for turbo's signs). Triton puts each load's conversion right after
+    it, so the rows and turbo's signs (:func:`_sign_row`) are still two round trips."""
+    d = tl.arange(0, P * PW)
+    return tl.load(q_row_ptr + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _q_dims(q_row_ptr, row_ok, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+    """Plane ``S``'s query dims alone, ``q[:, P·t + S]`` (``[M, PW]``; zeros past ``D`` and for ``S ≥ P``)."""
+    dim = tl.arange(0, PW) * P + S
+    return tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
+
+
+@triton.jit
+def _query_dims(q_row_ptr, row_ok, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr, ROW_LOAD: tl.constexpr):
+    """The eight planes' query dims (:func:`_q_dims`): with ``ROW_LOAD`` from one load of the rows, split in
+    registers (:func:`_q_row`), else a load a plane (``query_row_load`` of ``decode_attention``)."""
+    if ROW_LOAD:
+        return _planes_of(_q_row(q_row_ptr, row_ok, P, PW, D), P, PW)
+    else:
+        return (_q_dims(q_row_ptr, row_ok, 0, P, PW, D), _q_dims(q_row_ptr, row_ok, 1, P, PW, D),
+                _q_dims(q_row_ptr, row_ok, 2, P, PW, D), _q_dims(q_row_ptr, row_ok, 3, P, PW, D),
+                _q_dims(q_row_ptr, row_ok, 4, P, PW, D), _q_dims(q_row_ptr, row_ok, 5, P, PW, D),
+                _q_dims(q_row_ptr, row_ok, 6, P, PW, D), _q_dims(q_row_ptr, row_ok, 7, P, PW, D))
+
+
+@triton.jit
+def _q_plane(q_dims, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
              D: tl.constexpr, DQ: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, HADAMARD: tl.constexpr):
-    """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys, times
-    ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in units of plane 0.
+    """``q[:, P·t + S]`` (fp16 ``[M, PW]``), the query dims that meet plane ``S`` of the keys (``q_dims``, a
+    plane of :func:`_q_row`), times ``unit(0) / unit(S)`` (a power of two) so that every plane's dots come out in
+    units of plane 0.
 
     Turbo keys: the dims of the rotated query ``q Rᵀ``, computed here from the halves of
     :func:`_q_halves` (fp32-accurate before the final fp16) instead of by a matmul launch before
@@ -70,8 +131,7 @@ def _q_plane(q_row_ptr, row_ok, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.cons
         return _times_rotation(q_hi, q_lo, r, D, HADAMARD).to(tl.float16)
     else:
         SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, TURBO)  # a power of two: exact
-        q = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & (dim[None, :] < D) & (S < P), other=0.0)
-        return (q.to(tl.float32) * SCALE).to(tl.float16)
+        return (q_dims.to(tl.float32) * SCALE).to(tl.float16)
 
 
 @triton.constexpr_function
@@ -125,29 +185,25 @@ def _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr):
 
 
 @triton.jit
-def _signed_q_plane(q_row_ptr, row_ok, sign_ptr, h, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr,
-                    D: tl.constexpr):
-    """``(q ∘ σ)`` at dims ``P·t + S`` times the in-plane Hadamard matrix ``h``: plane ``S``'s share of
-    the rotation before the planes mix (:func:`_hadamard_q_planes`)."""
-    t = tl.arange(0, PW)
-    dim = t * P + S
-    ok = (dim < D) & (S < P)
-    x = tl.load(q_row_ptr + dim[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0).to(tl.float32)
-    sign = tl.load(sign_ptr + dim, mask=ok, other=0.0).to(tl.float32)
-    return _times_sylvester(x * sign[None, :], h)
+def _sign_row(sign_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+    """``σ`` as ``[1, P·PW]`` (fp16 ±1, zeros past ``D``): row 0 of ``√D · R``, for :func:`_planes_of`."""
+    d = tl.arange(0, P * PW)[None, :]
+    return tl.load(sign_ptr + d, mask=d < D, other=0.0)
 
 
 @triton.jit
-def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+def _hadamard_q_planes(q_signed, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
     """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
-    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read.
+    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from ``q ∘ σ`` (fp32 ``[M, P·PW]``, the
+    loaded rows of :func:`_q_row` and :func:`_sign_row` multiplied).
 
     Dim ``P·t + s`` splits into plane ``s`` and column ``t``, and Sylvester's ``H`` of order ``D`` into
     ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (two MMAs of ``PW`` columns,
     the matrix made from indices), then the planes mix by ``H_P`` in ``log2 P`` element-wise
     butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _planes_of(q_signed, P, PW)
     h = _sylvester(PW, 0)
-    z0 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 0, P, PW, D)
+    z0 = _times_sylvester(x0, h)
     z1 = z0
     z2 = z0
     z3 = z0
@@ -156,15 +212,15 @@ def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.const
     z6 = z0
     z7 = z0
     if P > 1:
-        z1 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 1, P, PW, D)
+        z1 = _times_sylvester(x1, h)
     if P > 2:
-        z2 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 2, P, PW, D)
-        z3 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 3, P, PW, D)
+        z2 = _times_sylvester(x2, h)
+        z3 = _times_sylvester(x3, h)
     if P > 4:
-        z4 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 4, P, PW, D)
-        z5 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 5, P, PW, D)
-        z6 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 6, P, PW, D)
-        z7 = _signed_q_plane(q_row_ptr, row_ok, rot_ptr, h, 7, P, PW, D)
+        z4 = _times_sylvester(x4, h)
+        z5 = _times_sylvester(x5, h)
+        z6 = _times_sylvester(x6, h)
+        z7 = _times_sylvester(x7, h)
     z0, z1, z2, z3, z4, z5, z6, z7 = _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, P)
     # a plane padded to 16 columns (D / P < 16) holds no dims past D / P: zeros there, as _q_plane's
     k = tl.where(tl.arange(0, PW) < _below(D, P), _inv_sqrt(D), 0.0)[None, :]
@@ -178,6 +234,8 @@ def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, zero, ro
     """Store ``(y R) · k`` for the rotated-domain planes ``a_s = c · y_s`` (rows scaled into fp16's range
     by ``c``), ``R = H · diag(σ) / √D``: the planes meet ``H_PW``, mix by ``H_P``, and take ``σ``, as
     :func:`_hadamard_q_planes` in reverse (``H`` is symmetric)."""
+    # the signs first: loaded before a conversion's barriers, not one round trip per plane between stores
+    g0, g1, g2, g3, g4, g5, g6, g7 = _planes_of(_sign_row(rot_ptr, P, PW, D), P, PW)
     h = _sylvester(PW, zero)
     t = tl.arange(0, PW)
     live = (t < _below(D, P))[None, :]  # padding columns hold the lookups of zero codes
@@ -201,17 +259,17 @@ def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, zero, ro
         w7 = _times_sylvester(tl.where(live, a7 / c, 0.0), h)
     w0, w1, w2, w3, w4, w5, w6, w7 = _planes_hadamard(w0, w1, w2, w3, w4, w5, w6, w7, P)
     k = k * _inv_sqrt(D)
-    _store_signed_plane(row_ptr, w0 * k, rot_ptr, 0, P, PW, row_ok, D)
+    _store_plane(row_ptr, w0 * k * g0.to(tl.float32), 0, P, PW, row_ok, D)
     if P > 1:
-        _store_signed_plane(row_ptr, w1 * k, rot_ptr, 1, P, PW, row_ok, D)
+        _store_plane(row_ptr, w1 * k * g1.to(tl.float32), 1, P, PW, row_ok, D)
     if P > 2:
-        _store_signed_plane(row_ptr, w2 * k, rot_ptr, 2, P, PW, row_ok, D)
-        _store_signed_plane(row_ptr, w3 * k, rot_ptr, 3, P, PW, row_ok, D)
+        _store_plane(row_ptr, w2 * k * g2.to(tl.float32), 2, P, PW, row_ok, D)
+        _store_plane(row_ptr, w3 * k * g3.to(tl.float32), 3, P, PW, row_ok, D)
     if P > 4:
-        _store_signed_plane(row_ptr, w4 * k, rot_ptr, 4, P, PW, row_ok, D)
-        _store_signed_plane(row_ptr, w5 * k, rot_ptr, 5, P, PW, row_ok, D)
-        _store_signed_plane(row_ptr, w6 * k, rot_ptr, 6, P, PW, row_ok, D)
-        _store_signed_plane(row_ptr, w7 * k, rot_ptr, 7, P, PW, row_ok, D)
+        _store_plane(row_ptr, w4 * k * g4.to(tl.float32), 4, P, PW, row_ok, D)
+        _store_plane(row_ptr, w5 * k * g5.to(tl.float32), 5, P, PW, row_ok, D)
+        _store_plane(row_ptr, w6 * k * g6.to(tl.float32), 6, P, PW, row_ok, D)
+        _store_plane(row_ptr, w7 * k * g7.to(tl.float32), 7, P, PW, row_ok, D)
 
 
 @triton.jit
@@ -233,15 +291,6 @@ def _store_dense_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, rot_ptr, ro
     j = tl.arange(0, DQ)
     y = y * k
     tl.store(row_ptr + j[None, :], y.to(row_ptr.dtype.element_ty), mask=row_ok[:, None] & (j[None, :] < D))
-
-
-@triton.jit
-def _store_signed_plane(row_ptr, y, sign_ptr, S: tl.constexpr, P: tl.constexpr, PW: tl.constexpr, row_ok,
-                        D: tl.constexpr):
-    """Store plane ``S`` of ``y ∘ σ`` (dims ``P·t + S`` below ``D``)."""
-    dim = tl.arange(0, PW) * P + S
-    sign = tl.load(sign_ptr + dim, mask=dim < D, other=0.0).to(tl.float32)
-    _store_plane(row_ptr, y * sign[None, :], S, P, PW, row_ok, D)
 
 
 @triton.jit
