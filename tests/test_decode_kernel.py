@@ -5,6 +5,7 @@ On CPU it runs under TRITON_INTERPRET=1 on small shapes; the ``gpu`` tests run f
 
 import pytest
 import torch
+from conftest import HEAD_DIMS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -224,9 +225,10 @@ def test_softcap_scale_bf16_and_length_one():
 
 @given(method=st.sampled_from(["affine", "turbo"]), k_bits=st.sampled_from([2, 3, 4, 8]),
        v_bits=st.sampled_from([2, 3, 4, 8]), g=st.sampled_from([1, 4, 8]), L=st.integers(1, 8),
-       S=st.integers(1, 40), seed=st.integers(0, 2**16), meta_words=st.booleans())
-def test_property(method, k_bits, v_bits, g, L, S, seed, meta_words):
-    out, ref = _case(method, k_bits, v_bits, B=1, hkv=1, g=g, L=L, S=S, D=64, mask=None, seed=seed,
+       S=st.integers(1, 40), seed=st.integers(0, 2**16), meta_words=st.booleans(), D=st.sampled_from(HEAD_DIMS))
+def test_property(method, k_bits, v_bits, g, L, S, seed, meta_words, D):
+    # every head_dim: the query rows are split into planes of P·PW columns, past D where planes pad to 16
+    out, ref = _case(method, k_bits, v_bits, B=1, hkv=1, g=g, L=L, S=S, D=D, mask=None, seed=seed,
                      meta_words=meta_words)
     assert _rel(out, ref) < TOL
 
