@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .code_operands import _code_word_bytes, _field_unit, _load_row_bytes, _plane_values
-from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums, _sign_row,
+from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
 
@@ -77,8 +77,7 @@ def _decode_split_kernel(
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
     # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
-        q_signed = _q_row(q_row, row_ok, KP, KPW, D).to(tl.float32) * _sign_row(krot_ptr, KP, KPW, D).to(tl.float32)
-        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_signed, KP, KPW, D)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(_q_row(q_row, row_ok, KP, KPW, D), krot_ptr, KP, KPW, D)
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _query_dims(q_row, row_ok, KP, KPW, D, Q_ROW_LOAD)
         q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)

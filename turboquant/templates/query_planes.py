@@ -192,15 +192,16 @@ def _sign_row(sign_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _hadamard_q_planes(q_signed, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+def _hadamard_q_planes(q_rows, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
     """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
-    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from ``q ∘ σ`` (fp32 ``[M, P·PW]``, the
-    loaded rows of :func:`_q_row` and :func:`_sign_row` multiplied).
+    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from the loaded query rows (:func:`_q_row`).
 
     Dim ``P·t + s`` splits into plane ``s`` and column ``t``, and Sylvester's ``H`` of order ``D`` into
     ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (two MMAs of ``PW`` columns,
     the matrix made from indices), then the planes mix by ``H_P`` in ``log2 P`` element-wise
     butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
+    # q ∘ σ on the whole rows, then split: the planes' conversions follow the two loads
+    q_signed = q_rows.to(tl.float32) * _sign_row(rot_ptr, P, PW, D).to(tl.float32)
     x0, x1, x2, x3, x4, x5, x6, x7 = _planes_of(q_signed, P, PW)
     h = _sylvester(PW, 0)
     z0 = _times_sylvester(x0, h)
