@@ -7,6 +7,7 @@
     python benchmarks/decode_sass.py affine 2 --head-dim 64
     python benchmarks/decode_sass.py affine 4 --no-keys-major           # the row-major tile (row groups)
     python benchmarks/decode_sass.py affine 3 --gqa 8 --kv-heads 4 --query-len 2
+    python benchmarks/decode_sass.py turbo 2 --no-linear-levels        # 2-bit levels looked up, not fields
 
 Compiles ``_decode_split_kernel`` ahead of time for an H100/H200 (sm_90) with the launch plan a
 call of this shape would get on a GPU of ``--sms`` multiprocessors (132; B = 8, Hkv = 8, GQA 4, one query
@@ -167,6 +168,9 @@ def main(argv=None):
     p.add_argument("--query-row-load", action=argparse.BooleanOptionalAction, default=None,
                    help="affine keys' query planes from one load of the rows (default but for one-warp programs of "
                         "128-key blocks), or a load a plane")
+    p.add_argument("--linear-levels", action=argparse.BooleanOptionalAction, default=None,
+                   help="2-bit turbo codes read as fields in place, their levels linear in the code's bits "
+                        "(default), or looked up")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -177,7 +181,7 @@ def main(argv=None):
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
-        query_row_load=a.query_row_load)
+        query_row_load=a.query_row_load, linear_levels=a.linear_levels)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

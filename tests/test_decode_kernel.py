@@ -366,9 +366,10 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(D):
 
 
 def test_lookup_defaults_where_they_were_faster():
-    # by default: 3- and 4-bit turbo codes by warp shuffles, 2-bit ones by byte permutes, at every
-    # length; without the shuffles, 3-bit codes take the permutes in four-warp programs (short
-    # caches) and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
+    # by default: 3- and 4-bit turbo codes by warp shuffles at every length, 2-bit ones by byte permutes
+    # in four-warp programs (short caches) and as fields in place, no lookup, in one-warp ones (their
+    # levels are linear in the code's bits); without the shuffles, 3-bit codes take the permutes in
+    # four-warp programs and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
 
     # 8-bit levels come from their polynomial unless polynomial_levels=False (then the gather)
     for bits in (2, 3, 4, 8):
@@ -380,20 +381,78 @@ def test_lookup_defaults_where_they_were_faster():
             one_warp = options["num_warps"] == 1
             assert one_warp == ((S == 4096 and bits in (2, 3, 4)) or bits == 8)
             kind = {2: "prmt", 3: "shfl", 4: "shfl", 8: ""}[bits]
-            assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else poly), (bits, S)
-            no_shfl = _plan_options(cfg, S, shuffle_lut=False)[1]["K_LUT"]
+            if bits == 2 and one_warp:
+                assert default["K_LUT"] == default["V_LUT"] == f"lin:{co._linear_level_words(cfg.spec('k'), 128)}"
+            else:
+                assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else poly), (bits, S)
+            looked_up = dict(linear_levels=False)
+            no_shfl = _plan_options(cfg, S, shuffle_lut=False, **looked_up)[1]["K_LUT"]
             assert (no_shfl != "") == (bits in (2, 8) or (bits == 3 and not one_warp)), (bits, S)
             for flag, kind in ((True, "shfl"), (False, "prmt")):
-                on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True)[1]
+                on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True, **looked_up)[1]
                 assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else poly)
-            off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False)[1]
+            off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, **looked_up)[1]
             assert off["K_LUT"] == off["V_LUT"] == poly
-            gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, polynomial_levels=False)[1]
+            gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, polynomial_levels=False,
+                                   **looked_up)[1]
             assert gather["K_LUT"] == gather["V_LUT"] == ""
+            # linear_levels=True reads 2-bit codes as fields in place in any program, and nothing else changes
+            forced = _plan_options(cfg, S, linear_levels=True)[1]
+            assert forced["K_LUT"].startswith("lin:") == (bits == 2), (bits, S)
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
-    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("prmt:")
+    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("lin:")
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True, shuffle_lut=True)[1][
         "K_LUT"] == ""
+
+
+@pytest.mark.parametrize("D", HEAD_DIMS)
+def test_two_bit_turbo_levels_are_linear_in_the_code_bits(D):
+    # α·(c + γ·l − z) gives the fp16 table's four levels (to float64's rounding) for every head_dim; a table
+    # whose steps differ (not symmetric) is looked up
+    spec = KVQuantConfig(method="turbo", bits=2).spec("k")
+    table = co._centroids_fp16(D, 2).double()
+    alpha, gamma, zero = (float(x) for x in co._linear_level_words(spec, D).split(","))
+    c = torch.arange(4, dtype=torch.float64)
+    torch.testing.assert_close(alpha * (c + gamma * (c % 2) - zero), table, rtol=1e-14, atol=0)
+    assert co._lin_coef.fn(f"lin:{alpha!r},{gamma!r},{zero!r}", 1) == gamma
+    for other in (KVQuantConfig(method="turbo", bits=3), KVQuantConfig(method="affine", bits=2)):
+        assert co._linear_level_words(other.spec("k"), D) is None
+
+
+def test_an_asymmetric_two_bit_table_is_looked_up(monkeypatch):
+    spec = KVQuantConfig(method="turbo", bits=2).spec("k")
+    monkeypatch.setattr(co, "_centroids_fp16", lambda d, bits, device=None: torch.tensor(
+        [-0.25, -0.0625, 0.0625, 0.125], dtype=torch.float16))
+    assert co._linear_level_words(spec, 128) is None
+    assert _plan_options(KVQuantConfig(method="turbo", bits=2), 4096)[1]["K_LUT"].startswith("prmt:")
+
+
+@pytest.mark.parametrize("k_bits,v_bits", [(2, 2), (2, 4), (4, 2)])
+@pytest.mark.parametrize("D", HEAD_DIMS)
+@pytest.mark.parametrize("mask,num_splits,warps,keys_major", [(None, 1, 4, None), ("causal", 2, 1, None),
+                                                              ("bool", 3, 1, False), ("additive", 2, 1, None)])
+def test_linear_two_bit_levels_match_the_table_and_the_oracle(k_bits, v_bits, D, mask, num_splits, warps,
+                                                              keys_major):
+    # fields in place (the default of one-warp programs, forced in four-warp ones) against the table's
+    # byte permutes: both within the kernel bound of the oracle, and close to each other
+    if keys_major and D == 64:
+        keys_major = None
+    args = ("turbo", k_bits, v_bits, 2, 2, 4, 1, 37, D, mask, 0)
+    launch = dict(num_splits=num_splits, num_warps=warps, keys_major=keys_major)
+    lin, ref = _case(*args, linear_levels=True, **launch)
+    table, _ = _case(*args, linear_levels=False, **launch)
+    assert _rel(lin, ref) < TOL and _rel(table, ref) < TOL
+    assert _rel(lin, table.double()) < TOL
+
+
+def test_linear_two_bit_levels_on_long_splits_take_block_sums():
+    # their values cancel a zero point as affine ones do: a long split without row groups sums block by block
+    consts = _plan_options(KVQuantConfig(method="turbo", bits=2), 4096, num_splits=1, num_warps=1)[1]
+    assert consts["V_LUT"].startswith("lin:") and consts["BLOCK_SUMS"]
+    assert not _plan_options(KVQuantConfig(method="turbo", bits=2), 4096, num_splits=1, num_warps=1,
+                             linear_levels=False)[1]["BLOCK_SUMS"]
+    out, ref = _case("turbo", 2, 2, 1, 2, 4, 1, 1100, 128, None, 3, num_splits=1, num_warps=1, block_n=64)
+    assert _rel(out, ref) < TOL
 
 
 def test_plane_hadamard_defaults_where_it_was_faster():
@@ -1013,12 +1072,29 @@ def test_register_lut_on_gpu(bits, S, D, lookup):
     # the byte-permute (register_lut) or warp-shuffle (shuffle_lut) lookups in the compiled kernel,
     # keys and values: the same fp16 centroids into the same MMAs as the gather, so the same output
     # but for accumulation order; and the gather's output against the oracle
-    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None,
+                linear_levels=False)  # 2-bit codes looked up, not read as fields in place
     lut, ref = _case("turbo", *bits, **({"shuffle_lut": True} if lookup == "shuffle_lut"
                                         else {"register_lut": True, "shuffle_lut": False}), **args)
     gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
     assert _rel(lut, gather.double()) < 1e-3, (_rel(lut, ref), _rel(gather, ref))
     assert _rel(gather, ref) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [(2, 2), (2, 4), (3, 2)])
+@pytest.mark.parametrize("S", [17, 8193, 40000])  # four-warp programs, one-warp ones, long splits (block sums)
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+def test_linear_two_bit_levels_on_gpu(bits, S, D):
+    # 2-bit turbo codes as fields in place and their low bits (PTX ANDs) against the byte-permute table in
+    # the compiled kernel, and against the oracle
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
+    if S > 32768:  # long splits at a small batch (the oracle's float copies of a large one filled the card)
+        args |= dict(B=1, hkv=2, num_splits=8)
+    lin, ref = _case("turbo", *bits, linear_levels=True, **args)
+    table, _ = _case("turbo", *bits, linear_levels=False, **args)
+    assert _rel(lin, table.double()) < 2e-3, (_rel(lin, ref), _rel(table, ref))
+    assert _rel(lin, ref) < TOL
 
 
 @pytest.mark.parametrize("method, bits, g, L, mask, num_splits, D", [

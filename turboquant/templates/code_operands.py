@@ -9,7 +9,9 @@ place value (:func:`_field_unit`) is folded into the query (keys) or the output 
 fields are in place likewise, in 16-bit lanes a byte plane makes with the next one. Turbo codes
 become their levels: centroid lookups (warp shuffles from a table held one entry per lane, byte
 permutes from a table in the instructions, or a gather) and 8-bit's level polynomial, as PTX the
-kernel inlines; the interpreter runs the same arithmetic in plain Triton.
+kernel inlines; the interpreter runs the same arithmetic in plain Triton. 2-bit turbo levels are
+linear in the code's bits (:func:`_linear_level_words`): such codes are fields in place as affine
+ones, with their low bits a second operand.
 """
 
 from __future__ import annotations
@@ -157,11 +159,19 @@ def _high_bytes(w):
                                      pack=2)
 
 
+@triton.constexpr_function
+def _low_bit_mask(bits, s):
+    """Mask of the lowest bit of plane ``s``'s field in a 16-bit word, within the byte it lies in."""
+    bits, s = int(bits), int(s)
+    return 1 << (bits * (s % (8 // bits)))
+
+
 @triton.jit
-def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr):
-    """fp16 subnormals of plane ``S``'s fields of int16 words ``w``, in place (worth ``_field_unit``)."""
+def _field_values(w, S: tl.constexpr, BITS: tl.constexpr, USE_ASM: tl.constexpr, LOW_BIT: tl.constexpr = False):
+    """fp16 subnormals of plane ``S``'s fields of int16 words ``w``, in place (worth ``_field_unit``); with
+    ``LOW_BIT`` the fields' lowest bits alone, in place likewise (:func:`_linear_level_words`)."""
     HIGH: tl.constexpr = S >= 8 // BITS  # the field lies in the word's high byte
-    MASK: tl.constexpr = _field_mask(BITS, S)
+    MASK: tl.constexpr = _low_bit_mask(BITS, S) if LOW_BIT else _field_mask(BITS, S)
     if USE_ASM:
         src = _high_bytes(w) if HIGH else w
         if BITS == 8 and HIGH:
@@ -233,7 +243,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm`, :func:`_polynomial_asm` or
     :func:`_register_lut_asm`; else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
-    if TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
+    if TURBO and _lut_kind(LUT) == "lin":  # levels linear in the code's bits: the field in place, as affine
+        vals = _field_values(b0, S, BITS, USE_ASM)
+    elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
         SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
         if BITS != 3:
             vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
@@ -263,9 +275,35 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 def _lut_kind(lut):
     """How a turbo spec's codes become centroids in the kernel: ``LUT`` is ``""`` (:func:`_lookup`'s
     gather), ``"prmt:…"`` (byte permutes, :func:`_register_lut_asm`), ``"shfl:…"`` (warp shuffles,
-    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`', or
-    ``"poly:…"`` (the level polynomial, :func:`_polynomial_asm`; the words :func:`_polynomial_words`')."""
+    :func:`_shuffle_lut_asm`), the words after the colon being :func:`_register_lut_words`',
+    ``"poly:…"`` (the level polynomial, :func:`_polynomial_asm`; the words :func:`_polynomial_words`'), or
+    ``"lin:…"`` (no lookup: levels linear in the code's bits, :func:`_linear_level_words`)."""
     return str(lut).partition(":")[0]
+
+
+def _linear_level_words(spec: TensorQuantSpec, d: int):
+    """``"α,γ,z"`` where a 2-bit turbo spec's four fp16 levels are linear in the code's bits, else None.
+
+    Four levels ``t0 < t1 < t2 < t3`` with ``t1 − t0 = t3 − t2`` (every symmetric codebook: Lloyd–Max's for
+    the rotated coordinates is, exactly in fp16) are ``t0 + (t2 − t0)·h + (t1 − t0)·l`` for the code's high and
+    low bits, i.e. ``level(c) = α·(c + γ·l − z)`` with ``α = (t2 − t0)/2``, ``γ = (t1 − t0)/α − 1``, ``z = −t0/α``.
+    So the code needs no lookup: its field in place is an MMA operand as an affine code's is (an AND per two
+    codes), its low bit another, the query (keys) or the probabilities (values) scaled by ``γ`` for the second,
+    and ``z`` a zero point common to every row (:func:`_lin_coef`). The same numbers as the table's, up to
+    the fp16 roundings of the scaled operands, as an affine code's."""
+    if spec.method != "turbo" or spec.bits != 2:
+        return None
+    t = _centroids_fp16(d, 2).double().tolist()
+    if t[1] - t[0] != t[3] - t[2]:
+        return None
+    alpha = (t[2] - t[0]) / 2
+    return f"{alpha!r},{(t[1] - t[0]) / alpha - 1.0!r},{-t[0] / alpha!r}"
+
+
+@triton.constexpr_function
+def _lin_coef(lut, i):
+    """Coefficient ``i`` of a ``"lin:α,γ,z"`` lookup (:func:`_linear_level_words`): 0 α, 1 γ, 2 z."""
+    return float(str(lut).partition(":")[2].split(",")[int(i)])
 
 
 @triton.constexpr_function

@@ -15,7 +15,9 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
 * turbo: codes index the 2^b centroids (3/4-bit: warp shuffles from a table held one entry per
-  lane; 2-bit: byte permutes from a table in the instructions; 8-bit levels are a polynomial's
+  lane; 2-bit: byte permutes from a table in the instructions, or in one-warp programs no lookup:
+  four symmetric levels are linear in the code's bits, ``α·(c + γ·l − z)``, so the field in place
+  and its low bit are MMA operands as affine codes are; 8-bit levels are a polynomial's
   values, computed from the code); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs on fp32 hi/lo halves; for a power-of-two head_dim the
   Hadamard rotation is made plane by plane from indices, or on long 8-bit splits read as ``√d · R``,
@@ -50,8 +52,8 @@ from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
 from ..quant.turbo import POLYNOMIAL_LEVELS
 from .buffers import TL_DTYPES, dense_row_stride, interpreted, meta_dtype, metadata_pairs, strides_as
-from .code_operands import (_byte_cols, _centroids_fp16, _code_word_bytes, _planes, _polynomial_words,
-                            _register_lut_words)
+from .code_operands import (_byte_cols, _centroids_fp16, _code_word_bytes, _linear_level_words, _lut_kind, _planes,
+                            _polynomial_words, _register_lut_words)
 from .decode_kernel import LOG2E, _decode_split_kernel, _merge_splits_kernel
 
 __all__ = ["decode_attention", "supports", "unsupported"]
@@ -137,6 +139,19 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
 
 
+def _linear_levels(spec: TensorQuantSpec, d: int, one_warp: bool) -> bool:
+    """Whether a turbo spec's codes are read as fields in place, with no lookup, by default: where its levels are
+    linear in the code's bits (every 2-bit codebook symmetric about 0: :func:`~.code_operands._linear_level_words`),
+    in one-warp programs. A code then costs what a 2-bit affine code costs and its low bit one more AND and MMA,
+    against a byte permute lookup (:func:`_register_lut`): sm_90 SASS of the loop, warp instructions per key, table
+    → fields (``benchmarks/decode_sass.py turbo 2 [--S 1024] --no-linear-levels``): 32K 25.20 → 19.09 (registers
+    168 → 233), four-warp programs at 1K 11.52 → 9.76. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, table →
+    fields, same process (2026-12-06, ``benchmarks/results/session41_gpu/``): 32K 93.72 → 86.22, 16K 52.59 →
+    48.88, 4K 20.86 → 20.06; but 1K (four-warp programs) 11.89 → 12.16, so not there. Errors unchanged
+    (1.68e-3 at 32K)."""
+    return one_warp and _linear_level_words(spec, d) is not None
+
+
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
     """Whether a gathering spec's (:func:`_gathers`) codes are looked up by warp shuffles from a table
     register (:func:`~.code_operands._shuffle_lut_asm`) by default; where on, it takes precedence over
@@ -152,11 +167,16 @@ def _shuffle_lut(spec: TensorQuantSpec) -> bool:
 
 
 def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: Optional[bool],
-                   register_lut: Optional[bool], polynomial_levels: Optional[bool]) -> str:
-    """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`~.code_operands._lut_kind`): the lookup the overrides or the
-    defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering spec, with its
-    table words; the level polynomial for a polynomial one (:func:`~.code_operands._polynomial_asm`, unless
-    ``polynomial_levels`` is False: then the table's gather)."""
+                   register_lut: Optional[bool], polynomial_levels: Optional[bool],
+                   linear_levels: Optional[bool] = None) -> str:
+    """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`~.code_operands._lut_kind`): no lookup where the levels
+    are linear in the code's bits (2-bit turbo: :func:`_linear_levels`, or as ``linear_levels`` says); else the
+    lookup the overrides or the defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering
+    spec, with its table words; the level polynomial for a polynomial one (:func:`~.code_operands._polynomial_asm`,
+    unless ``polynomial_levels`` is False: then the table's gather)."""
+    words = _linear_level_words(spec, d)
+    if words is not None and (_linear_levels(spec, d, one_warp) if linear_levels is None else linear_levels):
+        return f"lin:{words}"
     if _computed_levels(spec):
         return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
     if not _gathers(spec):
@@ -343,7 +363,7 @@ def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
     return spec.bits <= 4 or split_keys < LONG_SPLIT_KEYS
 
 
-def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bool:
+def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int, fields: bool = False) -> bool:
     """Whether each block's value dots start from zero and join the accumulators by fp32 adds
     (:func:`~.decode_kernel._plus_dot`): affine values, on splits of ``LONG_SPLIT_KEYS`` keys or more, in tiles without
     row groups (whose rows sum a fraction of the blocks each). H200, B=8, Hq=32, Hkv=8, D=128, CUDA
@@ -353,8 +373,10 @@ def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int) -> bo
     **8.45e-3** → 1.67e-3 (the kernel's bound is 2e-3). Affine 4-bit, whose long splits have four row
     groups, kept its error (1.69e-3 at 32K, 1.73e-3 at 64K) and ran 84.9 → 100.8 µs with block sums at
     32K: not for row groups. Four-warp affine tiles on long splits (a host-bound call of one split, up
-    to ``HOST_BOUND_KEY_ROWS`` key rows) take them too: not timed, and host-bound by definition."""
-    return v_spec.method == "affine" and row_groups == 1 and split_keys >= LONG_SPLIT_KEYS
+    to ``HOST_BOUND_KEY_ROWS`` key rows) take them too: not timed, and host-bound by definition. ``fields``: turbo
+    values read as fields in place (linear levels, :func:`_linear_levels`), which cancel a zero point as affine
+    ones do."""
+    return (v_spec.method == "affine" or fields) and row_groups == 1 and split_keys >= LONG_SPLIT_KEYS
 
 
 def _code_alignment(strides: tuple, word: torch.dtype) -> int:
@@ -634,7 +656,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
-                        occupancy_cap=None, query_row_load=None)
+                        occupancy_cap=None, query_row_load=None, linear_levels=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -649,7 +671,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, occupancy_cap, query_row_load) = tuning
+     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -720,7 +742,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels) for s in (k_spec, v_spec)]
+    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels, linear_levels)
+            for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
@@ -752,7 +775,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
         K_PLANE_H=k_turbo and is_power_of_two(D) and planes_h[0],
         V_PLANE_H=v_turbo and is_power_of_two(D) and planes_h[1],
-        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_keys) if block_sums is None
+        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_keys, _lut_kind.fn(luts[1]) == "lin") if block_sums is None
                     else bool(block_sums)),
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
@@ -792,7 +815,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      block_sums: Optional[bool] = None, shuffle_lut: Optional[bool] = None,
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
-                     occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None) -> torch.Tensor:
+                     occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
+                     linear_levels: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -835,6 +859,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     many split programs per multiprocessor (5–32), by launching each with padded shared memory (CUDA, torch's
     C++ launcher; for tuning: :func:`_capped_shared`). ``query_row_load``: affine keys' query planes from one
     load of the rows rather than a load a plane (:func:`_query_row_load`; turbo's rotation always loads the rows).
+    ``linear_levels``: 2-bit turbo codes read as fields in place, their levels being linear in the code's bits
+    (True), or looked up in their table (False); by default in one-warp programs (:func:`_linear_levels`; the same
+    numbers up to fp16 roundings of the operands, as affine codes').
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -843,7 +870,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, occupancy_cap, query_row_load)
+              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

@@ -6,8 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .code_operands import _code_word_bytes, _field_unit, _load_row_bytes, _plane_values
-from .query_planes import (_hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums,
+from .code_operands import (_code_word_bytes, _field_unit, _field_values, _lin_coef, _load_row_bytes, _lut_kind,
+                            _plane_values)
+from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
 
@@ -48,6 +49,11 @@ def _decode_split_kernel(
     # KEYS_MAJOR (_keys_major): scores [keys, rows] = K·Qᵀ and accumulators [dims, rows] = Vᵀ·Pᵀ
     tl.static_assert(not KEYS_MAJOR or (NG == 1 and not Q_SUM_TILE))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
+    # turbo codes whose levels are linear in their bits ("lin", _linear_level_words) are fields in place, as
+    # affine codes: K_TABLE says whether the keys' codes become table values (worth 1 each)
+    K_LIN: tl.constexpr = _lut_kind(K_LUT) == "lin"
+    V_LIN: tl.constexpr = _lut_kind(V_LUT) == "lin"
+    K_TABLE: tl.constexpr = K_TURBO and not K_LIN
     # the caller passes the buffers as they are stored (bytes, integer metadata words, bool masks):
     # reinterpreting the pointers here spares a tensor view per buffer and call on the host
     if _code_word_bytes(K_BITS, K_NBYTES) == 2:
@@ -89,8 +95,10 @@ def _decode_split_kernel(
         q5 = _q_plane(x5, q_hi, q_lo, krot_ptr, 5, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
         q6 = _q_plane(x6, q_hi, q_lo, krot_ptr, 6, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
         q7 = _q_plane(x7, q_hi, q_lo, krot_ptr, 7, KP, KPW, D, DQ, K_BITS, K_TURBO, K_HADAMARD)
+    if K_LIN:  # the rotated query's planes in plane 0's field units, as affine's
+        q0, q1, q2, q3, q4, q5, q6, q7 = _field_planes(q0, q1, q2, q3, q4, q5, q6, q7, KP, K_BITS)
     # Σq (for the key zero points) in plain units: per row, or as a score tile (_query_sum_tile)
-    q_sum = _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, KP, KPW, BLOCK_N // NG, K_BITS, K_TURBO, Q_SUM_TILE)
+    q_sum = _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, KP, KPW, BLOCK_N // NG, K_BITS, K_TABLE, Q_SUM_TILE)
     if KEYS_MAJOR:  # the planes as the B operands of the key dots
         q0, q1, q2, q3, q4, q5, q6, q7 = (tl.trans(q0), tl.trans(q1), tl.trans(q2), tl.trans(q3), tl.trans(q4),
                                           tl.trans(q5), tl.trans(q6), tl.trans(q7))
@@ -108,7 +116,7 @@ def _decode_split_kernel(
     a7 = tl.zeros(ACC, tl.float32)
     z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
-    K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TURBO, 0)  # what one unit of the dots is worth
+    K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TABLE, 0)  # what one unit of the dots is worth
     rz = tl.cast(S < 0, tl.float32)  # never true; see _plus_dot
 
     start = split * (split_blocks * BLOCK_N)
@@ -156,11 +164,15 @@ def _decode_split_kernel(
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
                            K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR)
-        if K_TURBO:
+        if K_TABLE:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR)
-        else:
-            a_k = k_scale.to(tl.float32) * qk_scale
-            z_k = k_zero.to(tl.float32)
+        else:  # affine; linear turbo levels α·(c + γ·l − z): the norm times α is the scale, z the zero point
+            if K_LIN:
+                a_k = k_scale.to(tl.float32) * (qk_scale * _lin_coef(K_LUT, 0))
+                z_k = _lin_coef(K_LUT, 2)
+            else:
+                a_k = k_scale.to(tl.float32) * qk_scale
+                z_k = k_zero.to(tl.float32)
             if Q_SUM_TILE:
                 s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum * _per_key(z_k * a_k, NG, TR)
             else:
@@ -209,7 +221,11 @@ def _decode_split_kernel(
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        pv = (p * _per_key(v_scale.to(tl.float32), NG, TR, KEYS_MAJOR)).to(tl.float16)
+        if V_LIN:  # α·(c + γ·l − z): α into the probabilities, z a zero point every key shares
+            pv = (p * _per_key(v_scale.to(tl.float32) * _lin_coef(V_LUT, 0), NG, TR, KEYS_MAJOR)).to(tl.float16)
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32), axis=KEY_AXIS) * _lin_coef(V_LUT, 2)
+        else:
+            pv = (p * _per_key(v_scale.to(tl.float32), NG, TR, KEYS_MAJOR)).to(tl.float16)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = v_zero.to(tl.float32)
@@ -251,6 +267,9 @@ def _decode_split_kernel(
         tl.store(pm_ptr + prow, m_i, mask=row_ok)
         tl.store(pl_ptr + prow, l_i, mask=row_ok)
     if V_TURBO:  # rotated back here, so every part leaves in the model's dims (the merge only adds)
+        if V_LIN:  # fields in place: the rotated-domain sums in plain units, less the zero point's
+            a0, a1, a2, a3, a4, a5, a6, a7 = _zero_point_off(a0, a1, a2, a3, a4, a5, a6, a7, z_acc[:, None], VP,
+                                                             V_BITS)
         # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
         # lose a row of small values
         c = tl.max(tl.abs(a0), axis=1)
@@ -374,6 +393,18 @@ def _key_dot(q, vals, acc, KEYS_MAJOR: tl.constexpr):
 
 
 @triton.jit
+def _plane_dot(q, k0, k1, k2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, klut_ptr,
+               USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr):
+    """``acc`` plus key plane ``S``'s dots with its query plane (:func:`_key_dot`); for linear turbo levels
+    (``"lin"``) also the plane's low bits' dots with ``γ·q``."""
+    acc = _key_dot(q, _plane_values(k0, k1, k2, S, BITS, TURBO, klut_ptr, USE_ASM, LUT), acc, KEYS_MAJOR)
+    if _lut_kind(LUT) == "lin":
+        q_low = (q.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
+        acc = _key_dot(q_low, _field_values(k0, S, BITS, USE_ASM, True), acc, KEYS_MAJOR)
+    return acc
+
+
+@triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
               USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
@@ -382,17 +413,17 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
     n = first + tl.arange(0, N)
     k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64) * stride_kcs, n < S, BITS, NBYTES, KPW)
     dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
-    dots = _key_dot(q0, _plane_values(k0, k1, k2, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+    dots = _plane_dot(q0, k0, k1, k2, dots, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 1:
-        dots = _key_dot(q1, _plane_values(k0, k1, k2, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _plane_dot(q1, k0, k1, k2, dots, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 2:
-        dots = _key_dot(q2, _plane_values(k0, k1, k2, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
-        dots = _key_dot(q3, _plane_values(k0, k1, k2, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _plane_dot(q2, k0, k1, k2, dots, 2, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
+        dots = _plane_dot(q3, k0, k1, k2, dots, 3, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 4:
-        dots = _key_dot(q4, _plane_values(k0, k1, k2, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
-        dots = _key_dot(q5, _plane_values(k0, k1, k2, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
-        dots = _key_dot(q6, _plane_values(k0, k1, k2, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
-        dots = _key_dot(q7, _plane_values(k0, k1, k2, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT), dots, KEYS_MAJOR)
+        dots = _plane_dot(q4, k0, k1, k2, dots, 4, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
+        dots = _plane_dot(q5, k0, k1, k2, dots, 5, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
+        dots = _plane_dot(q6, k0, k1, k2, dots, 6, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
+        dots = _plane_dot(q7, k0, k1, k2, dots, 7, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     return dots
 
 
@@ -440,36 +471,75 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
     memory outside the pipeline every block."""
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
-    a0 = _value_dot(pv, _plane_values(v0, v1, v2, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS,
+    pv_low = pv
+    if _lut_kind(LUT) == "lin":  # linear turbo levels: the low bits meet γ·pv
+        pv_low = (pv.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
+    a0 = _value_dot(pv, pv_low, v0, v1, v2, a0, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                     KEYS_MAJOR)
     if VP > 1:
-        a1 = _value_dot(pv, _plane_values(v0, v1, v2, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS,
+        a1 = _value_dot(pv, pv_low, v0, v1, v2, a1, 1, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
     if VP > 2:
-        a2 = _value_dot(pv, _plane_values(v0, v1, v2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS,
+        a2 = _value_dot(pv, pv_low, v0, v1, v2, a2, 2, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
-        a3 = _value_dot(pv, _plane_values(v0, v1, v2, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS,
+        a3 = _value_dot(pv, pv_low, v0, v1, v2, a3, 3, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
     if VP > 4:
-        a4 = _value_dot(pv, _plane_values(v0, v1, v2, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS,
+        a4 = _value_dot(pv, pv_low, v0, v1, v2, a4, 4, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
-        a5 = _value_dot(pv, _plane_values(v0, v1, v2, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS,
+        a5 = _value_dot(pv, pv_low, v0, v1, v2, a5, 5, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
-        a6 = _value_dot(pv, _plane_values(v0, v1, v2, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS,
+        a6 = _value_dot(pv, pv_low, v0, v1, v2, a6, 6, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
-        a7 = _value_dot(pv, _plane_values(v0, v1, v2, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS,
+        a7 = _value_dot(pv, pv_low, v0, v1, v2, a7, 7, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                         KEYS_MAJOR)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
-def _value_dot(pv, vals, acc, rz, BLOCK_SUMS: tl.constexpr, KEYS_MAJOR: tl.constexpr):
-    """A value plane's share: ``acc + pv · vals``, or keys-major ``acc + vals · pv`` (``vals [VPW, N]``)."""
-    if KEYS_MAJOR:
+def _value_dot(pv, pv_low, v0, v1, v2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, vlut_ptr,
+               USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr, KEYS_MAJOR: tl.constexpr):
+    """Value plane ``S``'s share (:func:`_plus_dot`): ``acc + pv · vals``, or keys-major ``acc + vals · pv``
+    (``vals [VPW, N]``); for linear turbo levels (``"lin"``) plus the plane's low bits times ``pv_low = γ·pv``,
+    in the same block sum."""
+    vals = _plane_values(v0, v1, v2, S, BITS, TURBO, vlut_ptr, USE_ASM, LUT)
+    if _lut_kind(LUT) == "lin":
+        low = _field_values(v0, S, BITS, USE_ASM, True)
+        if KEYS_MAJOR:
+            acc = _plus_dots(vals, pv, low, pv_low, acc, rz, BLOCK_SUMS)
+        else:
+            acc = _plus_dots(pv, vals, pv_low, low, acc, rz, BLOCK_SUMS)
+    elif KEYS_MAJOR:
         acc = _plus_dot(vals, pv, acc, rz, BLOCK_SUMS)
     else:
         acc = _plus_dot(pv, vals, acc, rz, BLOCK_SUMS)
     return acc
+
+
+@triton.jit
+def _plus_dots(a, b, c, d, acc, rz, BLOCK_SUMS: tl.constexpr):
+    """``acc + a @ b + c @ d``, the two dots one block sum with ``BLOCK_SUMS`` (:func:`_plus_dot`)."""
+    if BLOCK_SUMS:
+        return acc + tl.dot(c, d, tl.dot(a, b, tl.zeros_like(acc) + rz))
+    return tl.dot(c, d, tl.dot(a, b, acc))
+
+
+@triton.jit
+def _zero_point_off(a0, a1, a2, a3, a4, a5, a6, a7, z, VP: tl.constexpr, BITS: tl.constexpr):
+    """Value accumulators of fields in place (linear turbo levels) in plain units, less the zero point's sum
+    ``z`` (``[rows, 1]``): the rotated-domain sums the rotation back takes."""
+    a0 = a0 * (1.0 / _field_unit(BITS, False, 0)) - z
+    if VP > 1:
+        a1 = a1 * (1.0 / _field_unit(BITS, False, 1)) - z
+    if VP > 2:
+        a2 = a2 * (1.0 / _field_unit(BITS, False, 2)) - z
+        a3 = a3 * (1.0 / _field_unit(BITS, False, 3)) - z
+    if VP > 4:
+        a4 = a4 * (1.0 / _field_unit(BITS, False, 4)) - z
+        a5 = a5 * (1.0 / _field_unit(BITS, False, 5)) - z
+        a6 = a6 * (1.0 / _field_unit(BITS, False, 6)) - z
+        a7 = a7 * (1.0 / _field_unit(BITS, False, 7)) - z
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit

@@ -295,6 +295,30 @@ def _store_dense_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, rot_ptr, ro
 
 
 @triton.jit
+def _field_planes(q0, q1, q2, q3, q4, q5, q6, q7, P: tl.constexpr, BITS: tl.constexpr):
+    """Query planes in plain units (turbo's rotated query) times ``unit(0) / unit(s)``, as :func:`_q_plane`'s
+    affine planes: for turbo codes read as fields in place (linear levels, ``"lin"``). Powers of two: exact."""
+    q0 = _in_field_units(q0, 0, BITS)
+    if P > 1:
+        q1 = _in_field_units(q1, 1, BITS)
+    if P > 2:
+        q2 = _in_field_units(q2, 2, BITS)
+        q3 = _in_field_units(q3, 3, BITS)
+    if P > 4:
+        q4 = _in_field_units(q4, 4, BITS)
+        q5 = _in_field_units(q5, 5, BITS)
+        q6 = _in_field_units(q6, 6, BITS)
+        q7 = _in_field_units(q7, 7, BITS)
+    return q0, q1, q2, q3, q4, q5, q6, q7
+
+
+@triton.jit
+def _in_field_units(q, S: tl.constexpr, BITS: tl.constexpr):
+    SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, False)
+    return (q.to(tl.float32) * SCALE).to(tl.float16)
+
+
+@triton.jit
 def _q_unscaled(q_plane, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr):
     """A query plane of :func:`_q_plane` back in plain units (fp32)."""
     return q_plane.to(tl.float32) * _plane_weight(S, BITS, TURBO)
@@ -321,11 +345,16 @@ def _query_sums(q0, q1, q2, q3, q4, q5, q6, q7, P: tl.constexpr, PW: tl.constexp
             s += tl.dot(q5, ones) * _plane_weight(5, BITS, TURBO)
             s += tl.dot(q6, ones) * _plane_weight(6, BITS, TURBO)
             s += tl.dot(q7, ones) * _plane_weight(7, BITS, TURBO)
-    else:
-        s = tl.sum(_q_unscaled(q0, 0, BITS, TURBO) + _q_unscaled(q1, 1, BITS, TURBO)
-                   + _q_unscaled(q2, 2, BITS, TURBO) + _q_unscaled(q3, 3, BITS, TURBO)
-                   + _q_unscaled(q4, 4, BITS, TURBO) + _q_unscaled(q5, 5, BITS, TURBO)
-                   + _q_unscaled(q6, 6, BITS, TURBO) + _q_unscaled(q7, 7, BITS, TURBO), axis=1)
+    else:  # the planes past P are not all zeros (turbo's rotation leaves copies there)
+        x = _q_unscaled(q0, 0, BITS, TURBO)
+        if P > 1:
+            x += _q_unscaled(q1, 1, BITS, TURBO)
+        if P > 2:
+            x += _q_unscaled(q2, 2, BITS, TURBO) + _q_unscaled(q3, 3, BITS, TURBO)
+        if P > 4:
+            x += (_q_unscaled(q4, 4, BITS, TURBO) + _q_unscaled(q5, 5, BITS, TURBO) + _q_unscaled(q6, 6, BITS, TURBO)
+                  + _q_unscaled(q7, 7, BITS, TURBO))
+        s = tl.sum(x, axis=1)
     return s
 
 
