@@ -367,8 +367,8 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(D):
 
 def test_lookup_defaults_where_they_were_faster():
     # by default: 3- and 4-bit turbo codes by warp shuffles at every length, 2-bit ones by byte permutes
-    # in four-warp programs (short caches) and as fields in place, no lookup, in one-warp ones (their
-    # levels are linear in the code's bits); without the shuffles, 3-bit codes take the permutes in
+    # in four-warp programs (short caches) and as fields in place, no lookup, in keys-major one-warp tiles
+    # (their levels are linear in the code's bits); without the shuffles, 3-bit codes take the permutes in
     # four-warp programs and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
 
     # 8-bit levels come from their polynomial unless polynomial_levels=False (then the gather)
@@ -400,7 +400,12 @@ def test_lookup_defaults_where_they_were_faster():
             forced = _plan_options(cfg, S, linear_levels=True)[1]
             assert forced["K_LUT"].startswith("lin:") == (bits == 2), (bits, S)
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
-    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("lin:")
+    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("prmt:")  # 8-bit keys: row-major
+    # 2-bit codes as fields in keys-major tiles only: not row-major ones (head_dim 64, or set)
+    two = KVQuantConfig(method="turbo", bits=2)
+    assert _plan_options(two, 4096, keys_major=True)[1]["K_LUT"].startswith("lin:")
+    assert _plan_options(two, 4096, keys_major=False)[1]["K_LUT"].startswith("prmt:")
+    assert _plan_options(two, 4096, D=64)[1]["K_LUT"].startswith("prmt:")
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, register_lut=True, shuffle_lut=True)[1][
         "K_LUT"] == ""
 
@@ -433,7 +438,7 @@ def test_an_asymmetric_two_bit_table_is_looked_up(monkeypatch):
                                                               ("bool", 3, 1, False), ("additive", 2, 1, None)])
 def test_linear_two_bit_levels_match_the_table_and_the_oracle(k_bits, v_bits, D, mask, num_splits, warps,
                                                               keys_major):
-    # fields in place (the default of one-warp programs, forced in four-warp ones) against the table's
+    # fields in place (the default of keys-major tiles, forced in others) against the table's
     # byte permutes: both within the kernel bound of the oracle, and close to each other
     if keys_major and D == 64:
         keys_major = None

@@ -15,7 +15,7 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
 * turbo: codes index the 2^b centroids (3/4-bit: warp shuffles from a table held one entry per
-  lane; 2-bit: byte permutes from a table in the instructions, or in one-warp programs no lookup:
+  lane; 2-bit: byte permutes from a table in the instructions, or in keys-major tiles no lookup:
   four symmetric levels are linear in the code's bits, ``α·(c + γ·l − z)``, so the field in place
   and its low bit are MMA operands as affine codes are; 8-bit levels are a polynomial's
   values, computed from the code); ``q`` is rotated and the output
@@ -139,17 +139,19 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
 
 
-def _linear_levels(spec: TensorQuantSpec, d: int, one_warp: bool) -> bool:
+def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool) -> bool:
     """Whether a turbo spec's codes are read as fields in place, with no lookup, by default: where its levels are
     linear in the code's bits (every 2-bit codebook symmetric about 0: :func:`~.code_operands._linear_level_words`),
-    in one-warp programs. A code then costs what a 2-bit affine code costs and its low bit one more AND and MMA,
+    in keys-major tiles (:func:`_keys_major_default`: one-warp programs from head_dim 96). A code then costs what a 2-bit affine code costs and its low bit one more AND and MMA,
     against a byte permute lookup (:func:`_register_lut`): sm_90 SASS of the loop, warp instructions per key, table
     → fields (``benchmarks/decode_sass.py turbo 2 [--S 1024] --no-linear-levels``): 32K 25.20 → 19.09 (registers
     168 → 233), four-warp programs at 1K 11.52 → 9.76. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, table →
     fields, same process (2026-12-06, ``benchmarks/results/session41_gpu/``): 32K 93.72 → 86.22, 16K 52.59 →
-    48.88, 4K 20.86 → 20.06; but 1K (four-warp programs) 11.89 → 12.16, so not there. Errors unchanged
-    (1.68e-3 at 32K)."""
-    return one_warp and _linear_level_words(spec, d) is not None
+    48.88, 4K 20.86 → 20.06; but 1K (four-warp programs) 11.89 → 12.16, and row-major one-warp tiles ran slower
+    too: head_dim 64 (byte columns) 67.45 → 78.63 at 32K and 13.40 → 14.18 at 4K; head_dim 128 forced row-major
+    133.6 at 32K (the table's row-major tile: 107.0, thirty-seventh session). So keys-major tiles only. Errors
+    unchanged (1.68e-3 at 32K)."""
+    return keys_major and _linear_level_words(spec, d) is not None
 
 
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
@@ -168,14 +170,14 @@ def _shuffle_lut(spec: TensorQuantSpec) -> bool:
 
 def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: Optional[bool],
                    register_lut: Optional[bool], polynomial_levels: Optional[bool],
-                   linear_levels: Optional[bool] = None) -> str:
+                   linear_levels: Optional[bool] = None, keys_major: bool = False) -> str:
     """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`~.code_operands._lut_kind`): no lookup where the levels
     are linear in the code's bits (2-bit turbo: :func:`_linear_levels`, or as ``linear_levels`` says); else the
     lookup the overrides or the defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering
     spec, with its table words; the level polynomial for a polynomial one (:func:`~.code_operands._polynomial_asm`,
     unless ``polynomial_levels`` is False: then the table's gather)."""
     words = _linear_level_words(spec, d)
-    if words is not None and (_linear_levels(spec, d, one_warp) if linear_levels is None else linear_levels):
+    if words is not None and (_linear_levels(spec, d, keys_major) if linear_levels is None else linear_levels):
         return f"lin:{words}"
     if _computed_levels(spec):
         return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
@@ -742,8 +744,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels, linear_levels)
-            for s in (k_spec, v_spec)]
+    luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels, linear_levels,
+                           bool(keys_major)) for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
     n_parts = num_splits + (1 if ring_w else 0)
@@ -860,7 +862,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     C++ launcher; for tuning: :func:`_capped_shared`). ``query_row_load``: affine keys' query planes from one
     load of the rows rather than a load a plane (:func:`_query_row_load`; turbo's rotation always loads the rows).
     ``linear_levels``: 2-bit turbo codes read as fields in place, their levels being linear in the code's bits
-    (True), or looked up in their table (False); by default in one-warp programs (:func:`_linear_levels`; the same
+    (True), or looked up in their table (False); by default in keys-major tiles (:func:`_linear_levels`; the same
     numbers up to fp16 roundings of the operands, as affine codes').
     """
     if q.stride(-1) != 1:
