@@ -242,7 +242,8 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
                   USE_ASM: tl.constexpr, LUT: tl.constexpr):
     """fp16 ``[BLOCK_N, PW]`` values of plane ``S``, worth ``_field_unit(BITS, TURBO, S)`` each:
     turbo centroids (by PTX with ``LUT``: :func:`_shuffle_lut_asm`, :func:`_polynomial_asm` or
-    :func:`_register_lut_asm`; else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in place."""
+    :func:`_register_lut_asm`; else :func:`_lookup`'s gather), 3-bit affine codes, or 2/4/8-bit affine fields in
+    place (and 2-bit turbo ones with ``"lin"``, :func:`_linear_level_words`)."""
     if TURBO and _lut_kind(LUT) == "lin":  # levels linear in the code's bits: the field in place, as affine
         vals = _field_values(b0, S, BITS, USE_ASM)
     elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
@@ -286,7 +287,8 @@ def _linear_level_words(spec: TensorQuantSpec, d: int):
 
     Four levels ``t0 < t1 < t2 < t3`` with ``t1 − t0 = t3 − t2`` (every symmetric codebook: Lloyd–Max's for
     the rotated coordinates is, exactly in fp16) are ``t0 + (t2 − t0)·h + (t1 − t0)·l`` for the code's high and
-    low bits, i.e. ``level(c) = α·(c + γ·l − z)`` with ``α = (t2 − t0)/2``, ``γ = (t1 − t0)/α − 1``, ``z = −t0/α``.
+    low bits, i.e. ``level(c) = α·(c + γ·l − z)`` with ``α = (t2 − t0)/2``, ``γ = (t1 − t0)/α − 1``,
+    ``z = −t0/α``.
     So the code needs no lookup: its field in place is an MMA operand as an affine code's is (an AND per two
     codes), its low bit another, the query (keys) or the probabilities (values) scaled by ``γ`` for the second,
     and ``z`` a zero point common to every row (:func:`_lin_coef`). The same numbers as the table's, up to

@@ -141,16 +141,16 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
 
 def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool) -> bool:
     """Whether a turbo spec's codes are read as fields in place, with no lookup, by default: where its levels are
-    linear in the code's bits (every 2-bit codebook symmetric about 0: :func:`~.code_operands._linear_level_words`),
-    in keys-major tiles (:func:`_keys_major_default`: one-warp programs from head_dim 96). A code then costs what a 2-bit affine code costs and its low bit one more AND and MMA,
-    against a byte permute lookup (:func:`_register_lut`): sm_90 SASS of the loop, warp instructions per key, table
-    → fields (``benchmarks/decode_sass.py turbo 2 [--S 1024] --no-linear-levels``): 32K 25.20 → 19.09 (registers
-    168 → 233), four-warp programs at 1K 11.52 → 9.76. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, table →
-    fields, same process (2026-12-06, ``benchmarks/results/session41_gpu/``): 32K 93.72 → 86.22, 16K 52.59 →
-    48.88, 4K 20.86 → 20.06; but 1K (four-warp programs) 11.89 → 12.16, and row-major one-warp tiles ran slower
-    too: head_dim 64 (byte columns) 67.45 → 78.63 at 32K and 13.40 → 14.18 at 4K; head_dim 128 forced row-major
-    133.6 at 32K (the table's row-major tile: 107.0, thirty-seventh session). So keys-major tiles only. Errors
-    unchanged (1.68e-3 at 32K)."""
+    linear in the code's bits (every 2-bit codebook symmetric about 0: :func:`~.code_operands._linear_level_words`), in
+    keys-major tiles (:func:`_keys_major_default`: one-warp programs from head_dim 96). A code then costs what a
+    2-bit affine code costs and its low bit one more AND and MMA, against a byte permute lookup
+    (:func:`_register_lut`): sm_90 SASS of the loop, warp instructions per key, table → fields
+    (``benchmarks/decode_sass.py turbo 2 [--S 1024] --no-linear-levels``): 32K 25.20 → 19.09 (registers 168 → 233),
+    four-warp programs at 1K 11.52 → 9.76. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, table → fields, same
+    process (2026-12-06, ``benchmarks/results/session41_gpu/``): 32K 93.72 → 86.22, 16K 52.59 → 48.88, 4K 20.86 →
+    20.06; but 1K (four-warp programs) 11.89 → 12.16, and row-major one-warp tiles ran slower too: head_dim 64 (byte
+    columns) 67.45 → 78.63 at 32K and 13.40 → 14.18 at 4K; head_dim 128 forced row-major 133.6 at 32K (the table's
+    row-major tile: 107.0, thirty-seventh session). So keys-major tiles only. Errors unchanged (1.68e-3 at 32K)."""
     return keys_major and _linear_level_words(spec, d) is not None
 
 
