@@ -9,7 +9,8 @@
 #   bash benchmarks/reproduce_gpu.sh tests [OUT]    # every other GPU test: compiled models, CUDA generation, cache, dequantize
 #   bash benchmarks/reproduce_gpu.sh tiles [OUT]    # keys-major against row-major tiles at 32K and 4K (turbo also 1K): affine
 #                                                   # and turbo at 8/4/2 bits (keys-major by default but turbo 8-bit), the query
-#                                                   # loaded by plane or by row (~5 min)
+#                                                   # loaded by plane or by row, 2-bit turbo codes as fields or
+#                                                   # looked up (~6 min)
 #   bash benchmarks/reproduce_gpu.sh ceiling [OUT]  # the split kernel's access pattern with nothing computed, 32K (~1 min)
 #
 # STEP_SETTINGS="turbo-3 turbo-4" narrows the step and launches parts to those settings (each against bf16).
@@ -62,13 +63,15 @@ case "$part" in
     # b128s2: 128-key blocks at 2 stages, long 2-bit splits' default since the 38th session (H100); b64s3: the
     # one-warp tile's other default; cap8: at most 8 programs an SM where registers let 12 share one (no change
     # on the H100, 39th session: a wave of 8 per SM is spread evenly); planes/rowload: the query a load a plane
-    # or one load of the rows (the default but for 128-key one-warp blocks; H100, 40th session)
+    # or one load of the rows (the default but for 128-key one-warp blocks; H100, 40th session); table/fields: 2-bit
+    # turbo codes looked up or read as fields in place (the default in keys-major tiles; H100, 41st session)
     python benchmarks/decode_attention.py --contexts 32768 16384 4096 --methods affine --bits 8 4 2 \
       --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 b64s3:block_n=64,num_stages=3 \
       cap8:occupancy_cap=8 planes:query_row_load=False rowload:query_row_load=True \
       --out "$out/affine" > "$out/tiles_affine.log" 2>&1
     python benchmarks/decode_attention.py --contexts 32768 4096 1024 --methods turbo --bits 8 4 2 \
-      --variants rows:keys_major=False keys:keys_major=True --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
+      --variants rows:keys_major=False keys:keys_major=True table:linear_levels=False fields:linear_levels=True \
+      --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
     grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" | cut -d'|' -f3-6,8
     ;;
   ceiling)
