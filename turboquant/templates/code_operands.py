@@ -305,7 +305,7 @@ def _linear_level_words(spec: TensorQuantSpec, d: int):
 @triton.constexpr_function
 def _lin_coef(lut, i):
     """Coefficient ``i`` of a ``"lin:α,γ,z"`` lookup (:func:`_linear_level_words`): 0 α, 1 γ, 2 z."""
-    return float(str(lut).partition(":")[2].split(",")[int(i)])
+    return float(_lut_words(lut).split(",")[int(i)])
 
 
 @triton.constexpr_function

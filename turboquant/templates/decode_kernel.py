@@ -221,11 +221,12 @@ def _decode_split_kernel(
         m_i = m_new
 
         # ---- values -------------------------------------------------------------------------
-        if V_LIN:  # α·(c + γ·l − z): α into the probabilities, z a zero point every key shares
-            pv = (p * _per_key(v_scale.to(tl.float32) * _lin_coef(V_LUT, 0), NG, TR, KEYS_MAJOR)).to(tl.float16)
+        v_sc = v_scale.to(tl.float32)
+        if V_LIN:  # α·(c + γ·l − z): α into the probabilities
+            v_sc = v_sc * _lin_coef(V_LUT, 0)
+        pv = (p * _per_key(v_sc, NG, TR, KEYS_MAJOR)).to(tl.float16)
+        if V_LIN:  # z a zero point every key shares
             z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32), axis=KEY_AXIS) * _lin_coef(V_LUT, 2)
-        else:
-            pv = (p * _per_key(v_scale.to(tl.float32), NG, TR, KEYS_MAJOR)).to(tl.float16)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = v_zero.to(tl.float32)

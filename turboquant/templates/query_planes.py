@@ -130,8 +130,7 @@ def _q_plane(q_dims, q_hi, q_lo, rot_ptr, S: tl.constexpr, P: tl.constexpr, PW: 
         r = tl.load(rot_ptr + dim[None, :] * D + d[:, None], mask=ok, other=0.0)  # contiguous along d
         return _times_rotation(q_hi, q_lo, r, D, HADAMARD).to(tl.float16)
     else:
-        SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, TURBO)  # a power of two: exact
-        return (q_dims.to(tl.float32) * SCALE).to(tl.float16)
+        return _in_field_units(q_dims, S, BITS)
 
 
 @triton.constexpr_function
@@ -314,7 +313,8 @@ def _field_planes(q0, q1, q2, q3, q4, q5, q6, q7, P: tl.constexpr, BITS: tl.cons
 
 @triton.jit
 def _in_field_units(q, S: tl.constexpr, BITS: tl.constexpr):
-    SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, False)
+    """Query dims in plain units as plane ``S``'s of fields in place: times ``unit(0) / unit(S)``."""
+    SCALE: tl.constexpr = 1.0 / _plane_weight(S, BITS, False)  # a power of two: exact
     return (q.to(tl.float32) * SCALE).to(tl.float16)
 
 
