@@ -155,7 +155,7 @@ def test_the_cache_buffers_with_and_without_gaps_between_rows(method, bits, layo
     buffers = [with_gaps(t) if layout == "gaps" else t for t in (kc.codes, kc.meta, vc.codes, vc.meta)]
     launch = {"constant_rows": False} if layout == "run-time" else {}
     plan = da._make_plan(q, *buffers, kc.spec, vc.spec, None, False, 0.0, 0, D ** -0.5, da._tuning(**launch), False)
-    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    consts = da.split_constants(plan)
     assert all((consts[c] > 0) == (layout == "cache") for c in ("KC_ROW", "KM_ROW", "VC_ROW", "VM_ROW"))
     assert consts["K_PAIR"] == consts["V_PAIR"] == (method == "affine" and layout != "run-time")
     out = decode_attention(q, *buffers, kc.spec, vc.spec, D, block_n=16 if DEVICE == "cpu" else 128, **launch)
@@ -725,7 +725,7 @@ def _plan_options(k_cfg, S, L=1, B=2, capturing=False, D=128, **tuning):
     from turboquant.templates import decode_attention as da
 
     plan = _plan(k_cfg, S, L, B, capturing, D, **tuning)
-    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    consts = da.split_constants(plan)
     return plan.split.options, consts
 
 
@@ -1180,7 +1180,7 @@ def test_long_two_bit_keys_major_splits_read_128_key_blocks(monkeypatch, bits, S
     k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
     cfg = KVQuantConfig(method="affine", bits=4, k_bits=k_bits, v_bits=v_bits)
     plan = _plan(cfg, S, L=L, B=8)
-    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    consts = da.split_constants(plan)
     assert consts["KEYS_MAJOR"] and plan.split.options["num_warps"] == 1
     narrow = 32 if 8 in (k_bits, v_bits) else 64  # one-warp programs' block otherwise
     assert (consts["BLOCK_N"], plan.split.options["num_stages"]) == ((128, 2) if wide else (narrow, 3))
@@ -1207,7 +1207,7 @@ def test_query_planes_from_one_row_load_or_a_load_a_plane(bits, D):
     outs = [_case("affine", k_bits, v_bits, B=2, hkv=2, g=4, L=2, S=37, D=D, mask="causal", seed=k_bits,
                   num_splits=2, query_row_load=row)[0] for row in (True, False)]
     assert torch.equal(outs[0], outs[1])
-    assert [p.split.tail[-1] for p in list(da._PLANS.values())[-2:]] == [True, False]
+    assert [da.split_constants(p)["Q_ROW_LOAD"] for p in list(da._PLANS.values())[-2:]] == [True, False]
 
 
 def test_occupancy_cap_pads_the_split_programs_shared_memory():
@@ -1253,7 +1253,7 @@ def test_long_two_bit_splits_on_the_gpu(monkeypatch):
     monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", torch.cuda.get_device_properties(0).multi_processor_count)
     S = 32768 + 17
     plan = _plan(KVQuantConfig(method="affine", bits=2), S, B=8)
-    consts = dict(zip(da._decode_split_kernel.arg_names[13:], plan.split.tail))
+    consts = da.split_constants(plan)
     assert (consts["BLOCK_N"], plan.split.options["num_stages"]) == (128, 2)
     out, ref = _case("affine", 2, 2, B=8, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=3, dtype=torch.bfloat16,
                      block_n=None)

@@ -793,7 +793,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
-    assert len(names) == 13 + len(tail), "the split launch's arguments follow the kernel's signature"
+    assert len(names) == SPLIT_TENSORS + len(tail), "the split launch's arguments follow the kernel's signature"
     options = dict(num_warps=num_warps, num_stages=num_stages, **({} if maxnreg is None else {"maxnreg": maxnreg}))
     plan.split = _Launch(_decode_split_kernel, (B * HKV, num_splits, _cdiv(G * L, M)), tail, options,
                          _capped_shared(occupancy_cap))
@@ -801,6 +801,14 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         _merge_splits_kernel, (B * HQ * L,),
         (n_parts, D, VP * VPW, max(16, _pow2(D)), max(2, _pow2(n_parts))), {})
     return plan
+
+
+SPLIT_TENSORS = 13  # the split kernel's pointer arguments, before the launch's tail
+
+
+def split_constants(plan: _Plan) -> dict:
+    """The split kernel's constexprs as a plan launches it (tests and tools)."""
+    return dict(zip(_decode_split_kernel.arg_names[SPLIT_TENSORS:], plan.split.tail))
 
 
 def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tensor, v_codes: torch.Tensor,

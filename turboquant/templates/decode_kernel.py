@@ -647,7 +647,18 @@ def _merge_splits_kernel(ws_ptr, out_ptr, n_splits, D: tl.constexpr, PO_W: tl.co
     17.19 → 17.36, 12.59 → 14.37; 32K affine 4 / 3-bit 81.9 → 82.4, 96.6 → 98.3. Nor rotating turbo's
     output back here once per row, the splits storing the rotated domain: 16–37% fewer split
     instructions at 1K (sm_90 SASS), but 1K turbo 4 / 3 / 2-bit ran 11.72 → 13.57, 15.96 → 17.21,
-    12.47 → 13.88 µs (H100, 2026-12-05, ``benchmarks/results/session32_gpu/``)."""
+    12.47 → 13.88 µs (H100, 2026-12-05, ``benchmarks/results/session32_gpu/``). Nor by the split that
+    finishes last again, now after the loop where registers are free (no spill, registers ±3): each split
+    program stored its parts, took a ticket (``atomic_add``, acq_rel, after a barrier) from its tile's
+    counter in a zeroed buffer made once outside any capture, and the last one merged and set the counter
+    back to 0. Numbers equal to the merge kernel's, but at 1K every width ran 0.06–0.18 µs slower (affine 8 /
+    4 / 3 / 2-bit 8.50 → 8.61, 7.61 → 7.70, 9.71 → 9.77, 8.29 → 8.36; turbo 15.70 → 15.88, 11.37 → 11.45,
+    15.35 → 15.47, 11.79 → 11.95), at 4K 7 of 8 widths 0.3–1.0 µs slower, at 32K within ±1%: the last
+    program's chain (a ``MEMBAR.GPU`` that waits for its stores, the atomic's round trip, an L1
+    invalidate, then the parts' loads from L2) is as long as the merge kernel it replaces (H100, B=8,
+    Hq=32, Hkv=8, D=128, CUDA graph µs, merge kernel → last split, 2026-12-06,
+    ``benchmarks/results/session42_gpu/decode_variants_last_merges_h100.log``; the change:
+    ``benchmarks/results/session42_gpu/last_merges.patch``)."""
     po_ptr, pm_ptr, pl_ptr = _workspace(ws_ptr, tl.num_programs(0), n_splits, PO_W)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_SPLITS)
