@@ -37,7 +37,7 @@ read -r -a settings <<< "${STEP_SETTINGS:-affine-8 affine-4 affine-3 turbo-8 tur
 case "$part" in
   kernel)
     python benchmarks/decode_attention.py --contexts 32768 16384 1024 --no-write-path --out "$out" > "$out/decode_attention.log" 2>&1
-    python -m pytest tests/test_decode_kernel.py -m gpu -q -n 8 > "$out/decode_gpu_tests.log" 2>&1
+    python -m pytest tests/test_decode_kernel.py -m gpu -q -n 6 > "$out/decode_gpu_tests.log" 2>&1
     tail -1 "$out/decode_gpu_tests.log"
     grep -E '^\|' "$out/decode_attention.log" | cut -d'|' -f3,4,6,8,12
     ;;

@@ -764,7 +764,8 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
         assert gather["num_warps"] == 4
         mixed = KVQuantConfig(method=method, bits=4, k_bits=8, v_bits=4)  # 4-bit's rule at 1K: four warps
         assert _plan_options(mixed, S, L=L)[0]["num_warps"] == (1 if S >= 2048 else 4)
-    assert options["num_stages"] == 3
+    # 3-bit one-warp programs take 2 stages: turbo at every length, affine on splits under 2048 keys
+    assert options["num_stages"] == (2 if (method, bits) == ("turbo", 3) else 3)
     if warps == 1:  # no padding rows beyond the MMA's own: affine 2/4/8-bit and turbo 2/4-bit tiles are
         # keys-major, their rows the MMAs' N side; affine 3-bit fills the 16 rows of M with row groups, turbo
         # 8-bit tiles of 4 rows take two groups and 3-bit ones four
@@ -839,18 +840,31 @@ def test_tiles_of_eight_rows_take_row_groups_but_for_3_bits(bits, groups):
 @pytest.mark.parametrize("method, S, block_n, stages", [
     ("affine", 1024, 128, 2), ("turbo", 1024, 128, 3),  # short 3-bit caches: 128-key blocks (turbo 16.32 µs against 17.41)
     ("affine", 1025, 64, 3), ("turbo", 1536, 64, 3),    # longer four-warp ones keep 64 (registers)
-    ("turbo", 2048, 64, 3),                              # one-warp programs
+    ("turbo", 2048, 64, 2),                              # one-warp programs (turbo 3-bit: 2 stages)
 ])
 def test_short_3bit_caches_take_128_key_blocks(method, S, block_n, stages):
     options, consts = _plan_options(KVQuantConfig(method=method, bits=3), S)
     assert consts["BLOCK_N"] == block_n and options["num_stages"] == stages
 
 
-@pytest.mark.parametrize("method, bits, splits", [("turbo", 8, 8), ("turbo", 4, 4), ("affine", 8, 8), ("affine", 3, 8)])
+@pytest.mark.parametrize("method, S, stages", [("affine", 4096, 2), ("affine", 16384, 2), ("affine", 32768, 3),
+                                               ("turbo", 4096, 2), ("turbo", 32768, 2)])
+def test_three_bit_one_warp_programs_take_two_stages_but_on_long_affine_splits(monkeypatch, method, S, stages):
+    # B=8, Hkv=8 on 132 SMs: 16 splits, of 2048 keys at 32K (H100: turbo 3-bit 2-3.5% faster with 2 stages at
+    # 4K-32K, affine 4.5% at 4K, 1% at 16K, 1.6% slower at 32K)
+    from turboquant.templates import decode_attention as da
+
+    monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", 132)
+    options, _ = _plan_options(KVQuantConfig(method=method, bits=3), S, B=8)
+    assert options["num_warps"] == 1 and options["num_stages"] == stages
+
+
+@pytest.mark.parametrize("method, bits, splits", [("turbo", 8, 8), ("turbo", 4, 4), ("turbo", 3, 8), ("affine", 8, 8),
+                                                  ("affine", 3, 8)])
 def test_short_caches_split_no_finer_than_their_fixed_work_pays(monkeypatch, method, bits, splits):
     # 1K keys, B=8, Hkv=8 on the H200's 132 SMs (a wave of 16 splits): turbo 8-bit splits of 128 keys
-    # (16.69 µs against 18.35 at 64 keys and 21.79 at 256), turbo 4-bit of 256, affine of a block (128
-    # keys in four-warp programs) or, for 3 bits, 128 keys
+    # (16.69 µs against 18.35 at 64 keys and 21.79 at 256), turbo 4-bit of 256, turbo 3-bit of 128 (14.86 µs
+    # against 15.28 at 256, H100), affine of a block (128 keys in four-warp programs) or, for 3 bits, 128 keys
     from turboquant.templates import decode_attention as da
 
     monkeypatch.setattr(da, "CPU_PLAN_MULTIPROCESSORS", 132)

@@ -336,8 +336,14 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     per split against 18.9 at 256, turbo 3-bit 34.0 (64) against 23.0 (256), turbo 2-bit 23.3
     (128) against 22.0 (256); affine 3-bit 13.0 (64) against 11.6 (128). Turbo 8-bit with its
     levels computed (one-warp programs of 32-key blocks, :func:`_one_warp_programs`): 18.35 at 64 keys
-    per split, 16.69 at 128, 21.79 at 256 (2026-12-05, ``benchmarks/results/session29_gpu/``). Long
+    per split, 16.69 at 128, 21.79 at 256 (2026-12-05, ``benchmarks/results/session29_gpu/``). Turbo 3-bit
+    with its shuffle lookups and plane-by-plane rotations, 256 → 128 keys per split (H100, 2026-12-06,
+    ``benchmarks/results/session42_gpu/decode_variants_turbo3_short_h100.log`` and ``…turbo_1k_h100.log``):
+    1K 15.47 → 14.73 and 15.38 → 14.73 in two calls (8 splits of one 128-key block), 2K 20.99 → 20.39
+    (16 one-warp splits); turbo 4 / 2-bit at 1K ran 11.32 → 11.41 and 11.89 → 12.32 with 8 splits. Long
     contexts split into thousands of keys either way."""
+    if k_spec.method == "turbo" and k_spec.bits == 3:
+        return 128
     if k_spec.method == "turbo" and k_spec.bits <= 4:
         return 256
     if _turbo8(k_spec):
@@ -345,6 +351,27 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     if k_spec.method == "affine" and k_spec.bits == 3:
         return 128
     return block_n
+
+
+def _num_stages(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, one_warp: bool, short_affine3: bool,
+                split_keys: int) -> int:
+    """Pipeline stages of the split kernel's loop. 3 are best or equal nearly everywhere (affine 4-bit 116.7
+    against 159.9 at 2 stages and 145.4 at 4; turbo 8-bit 380.4 against 410.2 at 32K, equal at 1K, since its
+    table moved to a shared-memory gather: H200, 2026-12-03). 2 for short 3-bit affine caches in four-warp
+    programs (``SHORT_3BIT_KEYS``), and for 3-bit one-warp programs: turbo at every length, affine on splits
+    shorter than ``WIDE_BLOCK_SPLIT_KEYS`` keys. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, 3 → 2 stages,
+    three calls (2026-12-06, ``benchmarks/results/session42_gpu/decode_variants_three_bit_32k_h100.log``,
+    ``turbo3_confirm_stages1.log``, ``turbo3_confirm_stages2.log``): turbo 3-bit 32K 159.1 → 155.9, 159.8 →
+    156.0, 158.9 → 155.9; 16K 86.85 → 84.14, 86.76 → 84.2, 86.74 → 84.2; 4K 29.9 → 28.88, 30.24 → 28.74.
+    Affine 3-bit 4K 21.67 → 20.72, 21.37 → 20.35; 16K 50.82 → 50.14, 50.83 → 50.25, 50.66 → 50.34; but at
+    32K (2048-key splits) 91.0 → 90.5, 90.48 → 91.96, 90.3 → 91.89. 4 stages were slower at both widths
+    (32K: affine 93.76, turbo 160.4)."""
+    if short_affine3 and not one_warp:
+        return 2
+    if one_warp and k_spec.bits == v_spec.bits == 3:
+        if "turbo" in (k_spec.method, v_spec.method) or split_keys < WIDE_BLOCK_SPLIT_KEYS:
+            return 2
+    return 3
 
 
 def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
@@ -702,11 +729,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
         # (and short 3-bit caches, SHORT_3BIT_KEYS)
         block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short3 else 128
-    if num_stages is None:
-        # 3 stages are best or equal everywhere (affine 4-bit 116.7 against 159.9 at 2 stages and
-        # 145.4 at 4; turbo 8-bit 380.4 against 410.2 at 32K, equal at 1K, since its table moved to a
-        # shared-memory gather: H200, 2026-12-03) but short 3-bit affine caches
-        num_stages = 2 if short_affine3 and not one_warp else 3
     if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     if num_splits is None:
@@ -725,6 +747,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     fixed_blocks = not one_warp
     # split_keys: what the long-split rules below go by
     split_blocks, split_keys, num_splits = _splits(S, _cdiv(max(S, 1), num_splits), block_n, fixed_blocks)
+    if num_stages is None:
+        num_stages = _num_stages(k_spec, v_spec, one_warp, short_affine3, split_keys)
     if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
         keys_major = (one_warp and row_groups is None and query_sum_tile is None
                       and _keys_major_default(k_spec, v_spec, D)
