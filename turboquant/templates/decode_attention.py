@@ -342,13 +342,9 @@ def _min_split_keys(k_spec: TensorQuantSpec, block_n: int) -> int:
     1K 15.47 → 14.73 and 15.38 → 14.73 in two calls (8 splits of one 128-key block), 2K 20.99 → 20.39
     (16 one-warp splits); turbo 4 / 2-bit at 1K ran 11.32 → 11.41 and 11.89 → 12.32 with 8 splits. Long
     contexts split into thousands of keys either way."""
-    if k_spec.method == "turbo" and k_spec.bits == 3:
-        return 128
-    if k_spec.method == "turbo" and k_spec.bits <= 4:
+    if k_spec.method == "turbo" and k_spec.bits in (2, 4):
         return 256
-    if _turbo8(k_spec):
-        return 128
-    if k_spec.method == "affine" and k_spec.bits == 3:
+    if k_spec.method == "turbo" or k_spec.bits == 3:  # turbo 3 / 8-bit, affine 3-bit
         return 128
     return block_n
 
