@@ -22,9 +22,10 @@ TOL = KERNEL_REL_TOL
 
 
 def _case(method, k_bits, v_bits, B, hkv, g, L, S, D, mask, seed, dtype=torch.float32, softcap=0.0, scale=None,
-          v_scale=1.0, meta_words=False, **launch):
+          v_scale=1.0, meta_words=False, q_scale=1.0, q_as=None, **launch):
+    # q_as: the query's values in ``dtype``, handed to the kernel in this dtype
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, hkv * g, L, D, generator=gen).to(dtype)
+    q = (torch.randn(B, hkv * g, L, D, generator=gen) * q_scale).to(dtype).to(q_as or dtype)
     k = torch.randn(B, hkv, S, D, generator=gen) * 2
     v = torch.randn(B, hkv, S, D, generator=gen) * v_scale
     cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
@@ -190,19 +191,45 @@ def test_turbo_values_are_rotated_back_in_the_kernel(num_splits, D, v_scale):
     assert _rel(out, ref) < TOL
 
 
-@pytest.mark.parametrize("bits, D, g", [((4, 4), 64, 4), ((8, 2), 64, 1), ((3, 3), 32, 8), ((2, 4), 16, 4)])
+@pytest.mark.parametrize("bits, D, g", [((4, 4), 64, 4), ((8, 2), 64, 1), ((3, 3), 32, 8), ((2, 4), 16, 4),
+                                        ((8, 8), 128, 2), ((4, 8), 256, 1)])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_turbo_rotation_plane_by_plane_is_the_matrix_rotation(bits, D, g, num_splits):
     """The Hadamard rotation made plane by plane (in-plane Sylvester matrix from indices, planes
     mixed by butterflies, σ from the table's first row) gives the output of the rotation read as a
     matrix, up to the rounding of the fp16 query; D = 16 and 32 pad planes past the head's dims
     (8 planes of 2 and 4 dims in 16 columns). Mixed widths put keys and values through different
-    plane counts."""
+    plane counts; planes of 64 columns (8-bit rows of D = 128, 4-bit ones of 256) rotate as halves."""
     args = dict(B=2, hkv=2, g=g, L=2, S=37, D=D, mask="padded", seed=D + bits[0], num_splits=num_splits)
     planes, ref = _case("turbo", *bits, plane_hadamard=True, **args)
     matrix, _ = _case("turbo", *bits, plane_hadamard=False, **args)
     assert _rel(planes, matrix.double()) < 1e-4
     assert _rel(planes, ref) < TOL
+
+
+def _stored_as(x, dtype):
+    """fp32 ``x`` rounded to ``dtype`` as the kernel's stores round it: to nearest on the GPU; Triton 3.6's
+    interpreter cuts fp32 to bf16 (toward zero)."""
+    if DEVICE == "cpu" and dtype == torch.bfloat16:
+        return (x.float().view(torch.int32) & -65536).view(torch.float32).to(dtype)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits, D, g", [((4, 4), 64, 4), ((2, 3), 32, 8), ((8, 2), 16, 1), ((8, 8), 128, 4)])
+def test_a_16_bit_query_is_rotated_in_its_own_dtype(dtype, bits, D, g):
+    """A bf16 or fp16 query takes its signs and the in-plane Sylvester matrix in its own dtype (the sign bit
+    flipped, one exact MMA a plane, the rows and σ in one load), where an fp32 query goes through fp16 halves:
+    the same products and fp32 sums, so the two outputs agree to fp32 roundings, for unit queries and for ones
+    in fp16's subnormal range (1e-6), and are the oracle's."""
+    args = dict(B=2, hkv=2, g=g, L=1, S=37, D=D, mask="padded", seed=D + bits[0], num_splits=2)
+    for q_scale in [1.0, 1e-6]:
+        native, ref = _case("turbo", *bits, dtype=dtype, q_scale=q_scale, **args)
+        wide, _ = _case("turbo", *bits, dtype=dtype, q_scale=q_scale, q_as=torch.float32, **args)
+        assert native.dtype == dtype
+        assert _rel(native, _stored_as(wide, dtype).double()) < 1e-4
+        if DEVICE == "cuda" or dtype != torch.bfloat16:  # the interpreter's cut bf16 is not the oracle's rounding
+            assert _rel(native, ref) < TOL
 
 
 @pytest.mark.parametrize("method, bits", [("affine", (8, 8)), ("affine", (4, 3)), ("turbo", (4, 8))])

@@ -83,7 +83,7 @@ def _decode_split_kernel(
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
     # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
-        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(_q_row(q_row, row_ok, KP, KPW, D), krot_ptr, KP, KPW, D)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D, USE_ASM)
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _query_dims(q_row, row_ok, KP, KPW, D, Q_ROW_LOAD)
         q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)
@@ -271,23 +271,23 @@ def _decode_split_kernel(
         if V_LIN:  # fields in place: the rotated-domain sums in plain units, less the zero point's
             a0, a1, a2, a3, a4, a5, a6, a7 = _zero_point_off(a0, a1, a2, a3, a4, a5, a6, a7, z_acc[:, None], VP,
                                                              V_BITS)
-        # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
-        # lose a row of small values
-        c = tl.max(tl.abs(a0), axis=1)
-        if VP > 1:
-            c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
-        if VP > 2:
-            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
-        if VP > 4:
-            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
-            c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
-        c = tl.where(c > 0, c, 1.0)[:, None]
         if V_PLANE_H:
             # S < 0 is never true, but the compiler cannot know: the in-plane matrix is made again
             # here instead of being held through the loop
-            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, rz.to(tl.int32), vrot_ptr,
-                                 row_ok, VP, VPW, D)
+            _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, inv, rz.to(tl.int32), vrot_ptr, row_ok, VP,
+                                 VPW, D, USE_ASM)
         else:
+            # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
+            # lose a row of small values
+            c = tl.max(tl.abs(a0), axis=1)
+            if VP > 1:
+                c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
+            if VP > 2:
+                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
+            if VP > 4:
+                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
+                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
+            c = tl.where(c > 0, c, 1.0)[:, None]
             _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
                               V_HADAMARD)
     else:

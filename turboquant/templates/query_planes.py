@@ -4,8 +4,9 @@ Plane ``s`` of the keys meets the query dims ``P·t + s``, scaled to the plane's
 accumulators are stored to the same strided output dims. Turbo keys meet the rotated query
 ``q Rᵀ`` and each split's output is rotated back before it is stored, so every part leaves in the
 model's dims: for a power-of-two head_dim the Hadamard form ``R = H · diag(σ) / √D`` is made plane
-by plane from indices (an in-plane Sylvester matrix, then butterflies across the planes), otherwise
-``R`` (or ``√D · R``) is read, with fp16 MMAs on fp32 hi/lo halves either way.
+by plane from indices (an in-plane Sylvester matrix, then butterflies across the planes), with a
+16-bit query in its own dtype and fp32 operands as bf16 pieces; otherwise ``R`` (or ``√D · R``) is
+read, with fp16 MMAs on fp32 hi/lo halves.
 """
 
 from __future__ import annotations
@@ -140,25 +141,98 @@ def _below(d, p):
 
 
 @triton.jit
-def _sylvester(PW: tl.constexpr, zero):
-    """The Sylvester Hadamard matrix of order ``PW`` (fp16 ±1, ``[PW, PW]``): ``(−1)^popcount(i & j)``.
+def _sylvester(PW: tl.constexpr, zero, DTYPE: tl.constexpr):
+    """The Sylvester Hadamard matrix of order ``PW`` (±1 in ``DTYPE``, fp16 or bf16, ``[PW, PW]``):
+    ``(−1)^popcount(i & j)``, the parity put into the sign bit of 1.0 (no int-to-float conversion).
     ``zero``: a run-time 0 the compiler cannot fold, so that the copy made after the loop is made
     there and not kept alive through it (16 registers per thread at ``PW`` = 32 in one warp)."""
     tl.static_assert(PW <= 256)
+    ONE: tl.constexpr = 0x3C00 if DTYPE == tl.float16 else 0x3F80  # 1.0's bits
     i = tl.arange(0, PW) + zero
     p = i[:, None] & tl.arange(0, PW)[None, :]
     p = p ^ (p >> 4)  # the parity of 8 bits folded into bit 0
     p = p ^ (p >> 2)
     p = p ^ (p >> 1)
-    return (1 - 2 * (p & 1)).to(tl.float16)
+    return (((p & 1) << 15) | ONE).to(tl.int16).to(DTYPE, bitcast=True)
 
 
 @triton.jit
-def _times_sylvester(x, h):
-    """``x @ h`` (fp32) for fp32 ``x`` and a ±1 :func:`_sylvester` ``h``: two fp16 MMAs on ``x``'s
-    halves, exact products, so fp32-accurate as the dense rotation's."""
-    x_hi, x_lo = _split_fp16(x)
-    return tl.dot(x_lo, h, tl.dot(x_hi, h))
+def _times_sylvester(x, h, GPU: tl.constexpr, PIECES: tl.constexpr):
+    """``x @ h`` (fp32) for a ±1 :func:`_sylvester` ``h`` (bf16 for an fp32 ``x``, else ``x``'s dtype): exact
+    products, fp32 sums. A 16-bit ``x`` (the query in its own dtype) is one MMA; an fp32 ``x`` one on each of
+    its first ``PIECES`` bf16 pieces (``x = hi + mid + lo``: three carry all 24 of its bits, two 16, i.e. 2^-17
+    of it, far below a bf16 or fp16 output's rounding). bf16 has fp32's range: no row needs scaling into fp16's."""
+    if x.dtype == tl.float16 or x.dtype == tl.bfloat16:
+        y = _dot_signs(x, h, GPU)
+    else:
+        tl.static_assert(PIECES == 2 or PIECES == 3)
+        hi = x.to(tl.bfloat16)
+        rest = x - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        y = _dot_signs(hi, h, GPU) + _dot_signs(mid, h, GPU)
+        if PIECES == 3:
+            y += _dot_signs((rest - mid.to(tl.float32)).to(tl.bfloat16), h, GPU)
+    return y
+
+
+@triton.jit
+def _dot_signs(x, h, GPU: tl.constexpr):
+    """``x @ h`` (fp32) for a 16-bit ``x`` and a ±1 ``h`` of its dtype: an MMA. Off the GPU (``GPU`` false:
+    Triton's interpreter, whose bf16 dot multiplies the raw bits in Triton 3.6) the same sum in fp32."""
+    if x.dtype == tl.bfloat16 and not GPU:
+        y = tl.dot(x.to(tl.float32), h.to(tl.float32), input_precision="ieee")
+    else:
+        y = tl.dot(x, h)
+    return y
+
+
+@triton.constexpr_function
+def _rotation_width(P, PW):
+    """Columns of the planes the Hadamard rotation runs on. Planes of 64 (8-bit rows of head_dim 128, 4-bit
+    ones of 256) rotate as halves of 32, twice as many planes (:func:`_split_planes`, :func:`_joined_planes`):
+    the in-plane matrix made from indices is then a quarter of the size, which one warp had built and moved
+    into the MMA's operand layout at 128 entries a lane (turbo 8-bit at 1K: a sixth of a split's instructions
+    in the prologue and epilogue), and the MMAs half the work."""
+    return 32 if int(PW) == 64 and int(P) <= 4 else int(PW)
+
+
+@triton.jit
+def _interleaved(a, b):
+    """``[R, 2·W]`` whose column ``2t`` is ``a``'s column ``t`` and ``2t + 1`` is ``b``'s."""
+    return tl.reshape(tl.join(a, b), [a.shape[0], 2 * a.shape[1]])
+
+
+@triton.jit
+def _joined_planes(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr, PW: tl.constexpr, RW: tl.constexpr):
+    """The ``P`` planes of ``PW`` columns (dims ``P·t + s``) from the rotation's ``2P`` planes of ``RW = PW / 2``
+    (dims ``2P·t' + r``): plane ``s``'s column ``2t' + u`` is plane ``P·u + s``'s column ``t'``. Planes past ``P``
+    repeat plane 0, as the rotation leaves them."""
+    if RW < PW:
+        tl.static_assert(PW == 2 * RW and (P == 2 or P == 4))
+        if P == 2:
+            z0, z1 = _interleaved(z0, z2), _interleaved(z1, z3)
+            z2, z3, z4, z5, z6, z7 = z0, z0, z0, z0, z0, z0
+        else:
+            z0, z1, z2, z3 = _interleaved(z0, z4), _interleaved(z1, z5), _interleaved(z2, z6), _interleaved(z3, z7)
+            z4, z5, z6, z7 = z0, z0, z0, z0
+    return z0, z1, z2, z3, z4, z5, z6, z7
+
+
+@triton.jit
+def _split_planes(a0, a1, a2, a3, a4, a5, a6, a7, P: tl.constexpr, PW: tl.constexpr, RW: tl.constexpr):
+    """The inverse of :func:`_joined_planes`: ``P`` planes of ``PW`` columns as ``2P`` planes of ``RW = PW / 2``
+    (the even columns of plane ``s`` are plane ``s``, its odd ones plane ``P + s``); split in registers."""
+    if RW < PW:
+        tl.static_assert(PW == 2 * RW and (P == 2 or P == 4))
+        e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2]))
+        e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2]))
+        if P == 2:
+            a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, o0, o1, e0, e0, e0, e0
+        else:
+            e2, o2 = tl.split(tl.reshape(a2, [a2.shape[0], RW, 2]))
+            e3, o3 = tl.split(tl.reshape(a3, [a3.shape[0], RW, 2]))
+            a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, e2, e3, o0, o1, o2, o3
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @triton.jit
@@ -191,7 +265,8 @@ def _sign_row(sign_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _hadamard_q_planes(q_rows, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
+def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
+                       GPU: tl.constexpr):
     """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
     Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from the loaded query rows (:func:`_q_row`).
 
@@ -199,11 +274,27 @@ def _hadamard_q_planes(q_rows, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl
     ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (two MMAs of ``PW`` columns,
     the matrix made from indices), then the planes mix by ``H_P`` in ``log2 P`` element-wise
     butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
-    # q ∘ σ on the whole rows, then split: the planes' conversions follow the two loads
-    q_signed = q_rows.to(tl.float32) * _sign_row(rot_ptr, P, PW, D).to(tl.float32)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _planes_of(q_signed, P, PW)
-    h = _sylvester(PW, 0)
-    z0 = _times_sylvester(x0, h)
+    # q ∘ σ on the whole rows, then split into planes. A 16-bit query stays in its dtype: σ is ±1, so q ∘ σ is
+    # its sign bit flipped, and the MMA's products with ±1 are exact (one MMA a plane, where an fp32 query takes
+    # two on its fp16 halves). Its elements and σ's come in one load ([M, D, 2]: each query element beside its
+    # sign), so the two arrive in one layout after one round trip: loaded apart, each load's conversion came
+    # before the next load, which no barrier lets pass (two round trips before the loop)
+    NATIVE: tl.constexpr = q_row_ptr.dtype.element_ty == tl.float16 or q_row_ptr.dtype.element_ty == tl.bfloat16
+    if NATIVE:
+        d = tl.arange(0, P * PW)[None, :, None]
+        pair = tl.arange(0, 2)[None, None, :]
+        ptrs = tl.where(pair == 0, q_row_ptr[:, :, None] + d, rot_ptr.to(q_row_ptr.dtype) + d)
+        both = tl.load(ptrs, mask=(d < D) & ((pair == 1) | row_ok[:, None, None]), other=0.0)
+        q_bits, sign_bits = tl.split(both.to(tl.int16, bitcast=True))
+        q_signed = (q_bits ^ (sign_bits & -32768)).to(q_row_ptr.dtype.element_ty, bitcast=True)
+    else:
+        q_rows = _q_row(q_row_ptr, row_ok, P, PW, D)
+        q_signed = q_rows.to(tl.float32) * _sign_row(rot_ptr, P, PW, D).to(tl.float32)
+    RW: tl.constexpr = _rotation_width(P, PW)  # the rotation's planes: RP of RW columns
+    RP: tl.constexpr = P * PW // RW
+    x0, x1, x2, x3, x4, x5, x6, x7 = _planes_of(q_signed, RP, RW)
+    h = _sylvester(RW, 0, x0.dtype if NATIVE else tl.bfloat16)
+    z0 = _times_sylvester(x0, h, GPU, 3)
     z1 = z0
     z2 = z0
     z3 = z0
@@ -211,17 +302,18 @@ def _hadamard_q_planes(q_rows, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl
     z5 = z0
     z6 = z0
     z7 = z0
-    if P > 1:
-        z1 = _times_sylvester(x1, h)
-    if P > 2:
-        z2 = _times_sylvester(x2, h)
-        z3 = _times_sylvester(x3, h)
-    if P > 4:
-        z4 = _times_sylvester(x4, h)
-        z5 = _times_sylvester(x5, h)
-        z6 = _times_sylvester(x6, h)
-        z7 = _times_sylvester(x7, h)
-    z0, z1, z2, z3, z4, z5, z6, z7 = _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, P)
+    if RP > 1:
+        z1 = _times_sylvester(x1, h, GPU, 3)
+    if RP > 2:
+        z2 = _times_sylvester(x2, h, GPU, 3)
+        z3 = _times_sylvester(x3, h, GPU, 3)
+    if RP > 4:
+        z4 = _times_sylvester(x4, h, GPU, 3)
+        z5 = _times_sylvester(x5, h, GPU, 3)
+        z6 = _times_sylvester(x6, h, GPU, 3)
+        z7 = _times_sylvester(x7, h, GPU, 3)
+    z0, z1, z2, z3, z4, z5, z6, z7 = _planes_hadamard(z0, z1, z2, z3, z4, z5, z6, z7, RP)
+    z0, z1, z2, z3, z4, z5, z6, z7 = _joined_planes(z0, z1, z2, z3, z4, z5, z6, z7, P, PW, RW)
     # a plane padded to 16 columns (D / P < 16) holds no dims past D / P: zeros there, as _q_plane's
     k = tl.where(tl.arange(0, PW) < _below(D, P), _inv_sqrt(D), 0.0)[None, :]
     return ((z0 * k).to(tl.float16), (z1 * k).to(tl.float16), (z2 * k).to(tl.float16), (z3 * k).to(tl.float16),
@@ -229,17 +321,20 @@ def _hadamard_q_planes(q_rows, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl
 
 
 @triton.jit
-def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, zero, rot_ptr, row_ok, P: tl.constexpr,
-                         PW: tl.constexpr, D: tl.constexpr):
-    """Store ``(y R) · k`` for the rotated-domain planes ``a_s = c · y_s`` (rows scaled into fp16's range
-    by ``c``), ``R = H · diag(σ) / √D``: the planes meet ``H_PW``, mix by ``H_P``, and take ``σ``, as
-    :func:`_hadamard_q_planes` in reverse (``H`` is symmetric)."""
+def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, k, zero, rot_ptr, row_ok, P: tl.constexpr,
+                         PW: tl.constexpr, D: tl.constexpr, GPU: tl.constexpr):
+    """Store ``(y R) · k`` for the rotated-domain planes ``a_s = y_s`` (fp32), ``R = H · diag(σ) / √D``: the planes
+    meet ``H_PW`` (on their bf16 halves, whose range is fp32's: rows need no scaling into fp16's), mix by ``H_P``,
+    and take ``σ``, as :func:`_hadamard_q_planes` in reverse (``H`` is symmetric)."""
+    RW: tl.constexpr = _rotation_width(P, PW)  # the rotation's planes: RP of RW columns
+    RP: tl.constexpr = P * PW // RW
     # the signs first: loaded before a conversion's barriers, not one round trip per plane between stores
-    g0, g1, g2, g3, g4, g5, g6, g7 = _planes_of(_sign_row(rot_ptr, P, PW, D), P, PW)
-    h = _sylvester(PW, zero)
-    t = tl.arange(0, PW)
-    live = (t < _below(D, P))[None, :]  # padding columns hold the lookups of zero codes
-    w0 = _times_sylvester(tl.where(live, a0 / c, 0.0), h)
+    g0, g1, g2, g3, g4, g5, g6, g7 = _planes_of(_sign_row(rot_ptr, RP, RW, D), RP, RW)
+    a0, a1, a2, a3, a4, a5, a6, a7 = _split_planes(a0, a1, a2, a3, a4, a5, a6, a7, P, PW, RW)
+    h = _sylvester(RW, zero, tl.bfloat16)
+    t = tl.arange(0, RW)
+    live = (t < _below(D, RP))[None, :]  # padding columns hold the lookups of zero codes
+    w0 = _times_sylvester(tl.where(live, a0, 0.0), h, GPU, 2)
     w1 = w0
     w2 = w0
     w3 = w0
@@ -247,29 +342,29 @@ def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, zero, ro
     w5 = w0
     w6 = w0
     w7 = w0
-    if P > 1:
-        w1 = _times_sylvester(tl.where(live, a1 / c, 0.0), h)
-    if P > 2:
-        w2 = _times_sylvester(tl.where(live, a2 / c, 0.0), h)
-        w3 = _times_sylvester(tl.where(live, a3 / c, 0.0), h)
-    if P > 4:
-        w4 = _times_sylvester(tl.where(live, a4 / c, 0.0), h)
-        w5 = _times_sylvester(tl.where(live, a5 / c, 0.0), h)
-        w6 = _times_sylvester(tl.where(live, a6 / c, 0.0), h)
-        w7 = _times_sylvester(tl.where(live, a7 / c, 0.0), h)
-    w0, w1, w2, w3, w4, w5, w6, w7 = _planes_hadamard(w0, w1, w2, w3, w4, w5, w6, w7, P)
+    if RP > 1:
+        w1 = _times_sylvester(tl.where(live, a1, 0.0), h, GPU, 2)
+    if RP > 2:
+        w2 = _times_sylvester(tl.where(live, a2, 0.0), h, GPU, 2)
+        w3 = _times_sylvester(tl.where(live, a3, 0.0), h, GPU, 2)
+    if RP > 4:
+        w4 = _times_sylvester(tl.where(live, a4, 0.0), h, GPU, 2)
+        w5 = _times_sylvester(tl.where(live, a5, 0.0), h, GPU, 2)
+        w6 = _times_sylvester(tl.where(live, a6, 0.0), h, GPU, 2)
+        w7 = _times_sylvester(tl.where(live, a7, 0.0), h, GPU, 2)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _planes_hadamard(w0, w1, w2, w3, w4, w5, w6, w7, RP)
     k = k * _inv_sqrt(D)
-    _store_plane(row_ptr, w0 * k * g0.to(tl.float32), 0, P, PW, row_ok, D)
-    if P > 1:
-        _store_plane(row_ptr, w1 * k * g1.to(tl.float32), 1, P, PW, row_ok, D)
-    if P > 2:
-        _store_plane(row_ptr, w2 * k * g2.to(tl.float32), 2, P, PW, row_ok, D)
-        _store_plane(row_ptr, w3 * k * g3.to(tl.float32), 3, P, PW, row_ok, D)
-    if P > 4:
-        _store_plane(row_ptr, w4 * k * g4.to(tl.float32), 4, P, PW, row_ok, D)
-        _store_plane(row_ptr, w5 * k * g5.to(tl.float32), 5, P, PW, row_ok, D)
-        _store_plane(row_ptr, w6 * k * g6.to(tl.float32), 6, P, PW, row_ok, D)
-        _store_plane(row_ptr, w7 * k * g7.to(tl.float32), 7, P, PW, row_ok, D)
+    _store_plane(row_ptr, w0 * k * g0.to(tl.float32), 0, RP, RW, row_ok, D)
+    if RP > 1:
+        _store_plane(row_ptr, w1 * k * g1.to(tl.float32), 1, RP, RW, row_ok, D)
+    if RP > 2:
+        _store_plane(row_ptr, w2 * k * g2.to(tl.float32), 2, RP, RW, row_ok, D)
+        _store_plane(row_ptr, w3 * k * g3.to(tl.float32), 3, RP, RW, row_ok, D)
+    if RP > 4:
+        _store_plane(row_ptr, w4 * k * g4.to(tl.float32), 4, RP, RW, row_ok, D)
+        _store_plane(row_ptr, w5 * k * g5.to(tl.float32), 5, RP, RW, row_ok, D)
+        _store_plane(row_ptr, w6 * k * g6.to(tl.float32), 6, RP, RW, row_ok, D)
+        _store_plane(row_ptr, w7 * k * g7.to(tl.float32), 7, RP, RW, row_ok, D)
 
 
 @triton.jit
