@@ -488,18 +488,18 @@ def test_linear_two_bit_levels_on_long_splits_take_block_sums():
 
 
 def test_plane_hadamard_defaults_where_it_was_faster():
-    # by default: 2/3/4-bit turbo codes at every split length, 8-bit ones on splits shorter than
-    # LONG_SPLIT_KEYS (the matrix read was faster on long splits, H200); never affine; keys and values
-    # chosen apart
+    # by default turbo codes of every width at every split length (8-bit ones on long splits since their
+    # 64-column planes rotate as halves: faster than the matrix, H100); never affine; keys and values chosen
+    # apart, and the override still reads the matrix
     from turboquant.templates import decode_attention as da
 
     for bits in (2, 3, 4, 8):
         spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
         for split_keys in (64, 256, da.LONG_SPLIT_KEYS // 2, da.LONG_SPLIT_KEYS, 4096):
-            assert da._plane_hadamard(spec, split_keys) == (bits <= 4 or split_keys < da.LONG_SPLIT_KEYS)
-    for S, splits, expect in ((1024, None, True), (32768, 1, False)):
+            assert da._plane_hadamard(spec, split_keys)
+    for S, splits in ((1024, None), (32768, 1)):
         consts = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), S, num_splits=splits)[1]
-        assert (consts["K_PLANE_H"], consts["V_PLANE_H"]) == (expect, True), S
+        assert (consts["K_PLANE_H"], consts["V_PLANE_H"]) == (True, True), S
     for flag in (True, False):
         consts = _plan_options(KVQuantConfig(method="turbo", bits=2), 1024, plane_hadamard=flag)[1]
         assert consts["K_PLANE_H"] == consts["V_PLANE_H"] == flag

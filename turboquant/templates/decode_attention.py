@@ -97,9 +97,8 @@ LONG_CACHE_KEYS = 2048
 
 # Keys per split from which a split's loop, not its fixed work, sets its time: one-warp affine tiles
 # hold row groups from here (:func:`_row_groups`; shorter splits ran 2–3% slower with them, H200, 4K
-# context: 256 keys per split, 1024 and more faster), turbo 8-bit rotations read the matrix
-# (:func:`_plane_hadamard`), and affine values without row groups sum their blocks in fp32 adds
-# (:func:`_block_sums`).
+# context: 256 keys per split, 1024 and more faster), and affine values without row groups sum their
+# blocks in fp32 adds (:func:`_block_sums`).
 LONG_SPLIT_KEYS = 1024
 WIDE_BLOCK_SPLIT_KEYS = 2048  # the split length 128-key blocks were timed at (32K, B=8, Hkv=8, 132 SMs)
 # an H100/H200 multiprocessor's shared memory as the occupancy calculator counts it, and what each resident
@@ -374,18 +373,18 @@ def _plane_hadamard(spec: TensorQuantSpec, split_keys: int) -> bool:
     """Whether a turbo spec's Hadamard rotation (power-of-two head_dim) is made plane by plane from
     indices (:func:`~.query_planes._hadamard_q_planes`, :func:`~.query_planes._store_hadamard_back`)
     rather than read as the matrix ``√D · R``: no 32 KB matrix read per program and direction (D = 128)
-    and a quarter to an eighth of its MMA work, for more instructions to make the in-plane matrix. H200,
-    B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, matrix → planes (2026-12-03,
+    and a quarter to an eighth of its MMA work, for more instructions to make the in-plane matrix. Now for
+    every width and split length. H200, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, matrix → planes (2026-12-03,
     ``benchmarks/results/decode_plane_hadamard_session20/``):
     1K turbo 8 / 4 / 3 / 2-bit 25.47 → 23.71, 16.87 → 14.96, 19.38 → 17.38, 15.64 → 12.65; 4K 4 / 3 / 2-bit
     46.93 → 41.42, 55.22 → 48.88, 28.88 → 23.17 (8-bit equal); 32K 3 / 2-bit 297.8 → 288.6, 120.5 → 110.6.
-    On long splits 4- and 8-bit ran slower with it, in every repeat: 32K 246.5 → 253.9 and 377.6 → 390.4,
-    16K 134.6 → 135.7 and 200.3 → 205.6 (not explained; the SASS loop of turbo 4-bit has 18 fewer
-    instructions with it and spills less), so from ``LONG_SPLIT_KEYS`` keys per split 8-bit reads the
-    matrix. 4-bit did too while its codes were gathered; with :func:`_shuffle_lut`'s lookups the planes
-    are faster on long splits as well (2026-12-04, ``benchmarks/results/session26_gpu/``): 32K 149.8 →
-    144.1 µs, 16K 86.0 → 79.6."""
-    return spec.bits <= 4 or split_keys < LONG_SPLIT_KEYS
+    On long splits 4- and 8-bit then ran slower with it (32K 246.5 → 253.9 and 377.6 → 390.4), and kept the
+    matrix there; 4-bit took the planes with :func:`_shuffle_lut`'s lookups (2026-12-04, 32K 149.8 → 144.1 µs),
+    8-bit once its 64-column planes rotated as halves of 32 with the in-plane matrix in bf16 (forty-third
+    session; H100, same process, matrix → planes: 32K 199.2 → 191.3 µs, 16K 112.5 → 103.1,
+    ``benchmarks/results/session43_gpu/decode_variants_turbo8_planes_long_h100.log``). ``spec`` and
+    ``split_keys`` stay the rule's inputs (the plan asks per spec and split length)."""
+    return True
 
 
 def _block_sums(v_spec: TensorQuantSpec, row_groups: int, split_keys: int, fields: bool = False) -> bool:
@@ -870,8 +869,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
     (:func:`~.query_planes._hadamard_q_planes`, :func:`~.query_planes._store_hadamard_back`) rather than
     read as the matrix ``√D · R`` (:func:`~.query_planes._q_plane`, :func:`~.query_planes._rotated_back`);
-    by default for 2-, 3- and 4-bit codes, and for 8-bit ones on splits shorter than ``LONG_SPLIT_KEYS``
-    keys (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from zero and join the
+    by default for every width (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from zero and join the
     accumulators by fp32 adds (:func:`~.decode_kernel._plus_dot`; by default for affine values on long
     splits without row groups, :func:`_block_sums`).
     ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`~.code_operands._lookup`) where

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .code_operands import (_code_word_bytes, _field_unit, _field_values, _lin_coef, _load_row_bytes, _lut_kind,
                             _plane_values)
-from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _q_row, _query_dims, _query_sums,
+from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
 
