@@ -869,8 +869,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
     (:func:`~.query_planes._hadamard_q_planes`, :func:`~.query_planes._store_hadamard_back`) rather than
     read as the matrix ``√D · R`` (:func:`~.query_planes._q_plane`, :func:`~.query_planes._rotated_back`);
-    by default for every width (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from zero and join the
-    accumulators by fp32 adds (:func:`~.decode_kernel._plus_dot`; by default for affine values on long
+    by default for every width (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from
+    zero and join the accumulators by fp32 adds (:func:`~.decode_kernel._plus_dot`; by default for affine values on long
     splits without row groups, :func:`_block_sums`).
     ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`~.code_operands._lookup`) where
     by default a GPU computes them from the code (:func:`~.code_operands._polynomial_asm`; the same fp16 numbers).
