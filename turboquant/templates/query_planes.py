@@ -191,8 +191,8 @@ def _rotation_width(P, PW):
     """Columns of the planes the Hadamard rotation runs on. Planes of 64 (8-bit rows of head_dim 128, 4-bit
     ones of 256) rotate as halves of 32, twice as many planes (:func:`_split_planes`, :func:`_joined_planes`):
     the in-plane matrix made from indices is then a quarter of the size, which one warp had built and moved
-    into the MMA's operand layout at 128 entries a lane (turbo 8-bit at 1K: a sixth of a split's instructions
-    in the prologue and epilogue), and the MMAs half the work."""
+    into the MMA's operand layout at 128 entries a lane, in the prologue and again in the epilogue (sm_90, turbo
+    8-bit at 1K: 32.31 → 26.06 instructions per key of a split), and the MMAs do half the work."""
     return 32 if int(PW) == 64 and int(P) <= 4 else int(PW)
 
 
@@ -268,15 +268,15 @@ def _sign_row(sign_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
 def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
                        GPU: tl.constexpr):
     """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
-    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from the loaded query rows (:func:`_q_row`).
+    Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from the query rows at ``q_row_ptr``.
 
     Dim ``P·t + s`` splits into plane ``s`` and column ``t``, and Sylvester's ``H`` of order ``D`` into
-    ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (two MMAs of ``PW`` columns,
-    the matrix made from indices), then the planes mix by ``H_P`` in ``log2 P`` element-wise
-    butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
+    ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (MMAs of ``PW`` columns, the
+    matrix made from indices; planes of 64 as halves, :func:`_rotation_width`), then the planes mix by
+    ``H_P`` in ``log2 P`` element-wise butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
     # q ∘ σ on the whole rows, then split into planes. A 16-bit query stays in its dtype: σ is ±1, so q ∘ σ is
     # its sign bit flipped, and the MMA's products with ±1 are exact (one MMA a plane, where an fp32 query takes
-    # two on its fp16 halves). Its elements and σ's come in one load ([M, D, 2]: each query element beside its
+    # three on its bf16 pieces). Its elements and σ's come in one load ([M, D, 2]: each query element beside its
     # sign), so the two arrive in one layout after one round trip: loaded apart, each load's conversion came
     # before the next load, which no barrier lets pass (two round trips before the loop)
     NATIVE: tl.constexpr = q_row_ptr.dtype.element_ty == tl.float16 or q_row_ptr.dtype.element_ty == tl.bfloat16
