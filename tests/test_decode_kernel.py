@@ -192,14 +192,15 @@ def test_turbo_values_are_rotated_back_in_the_kernel(num_splits, D, v_scale):
 
 
 @pytest.mark.parametrize("bits, D, g", [((4, 4), 64, 4), ((8, 2), 64, 1), ((3, 3), 32, 8), ((2, 4), 16, 4),
-                                        ((8, 8), 128, 2), ((4, 8), 256, 1)])
+                                        ((8, 8), 128, 2), ((4, 8), 256, 1), ((8, 2), 256, 1)])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_turbo_rotation_plane_by_plane_is_the_matrix_rotation(bits, D, g, num_splits):
     """The Hadamard rotation made plane by plane (in-plane Sylvester matrix from indices, planes
     mixed by butterflies, σ from the table's first row) gives the output of the rotation read as a
     matrix, up to the rounding of the fp16 query; D = 16 and 32 pad planes past the head's dims
     (8 planes of 2 and 4 dims in 16 columns). Mixed widths put keys and values through different
-    plane counts; planes of 64 columns (8-bit rows of D = 128, 4-bit ones of 256) rotate as halves."""
+    plane counts; planes of 64 and 128 columns (8-bit rows of D = 128 and 256, 4-bit ones of 256) rotate as
+    32-column parts."""
     args = dict(B=2, hkv=2, g=g, L=2, S=37, D=D, mask="padded", seed=D + bits[0], num_splits=num_splits)
     planes, ref = _case("turbo", *bits, plane_hadamard=True, **args)
     matrix, _ = _case("turbo", *bits, plane_hadamard=False, **args)

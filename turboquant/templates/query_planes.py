@@ -188,12 +188,15 @@ def _dot_signs(x, h, GPU: tl.constexpr):
 
 @triton.constexpr_function
 def _rotation_width(P, PW):
-    """Columns of the planes the Hadamard rotation runs on. Planes of 64 (8-bit rows of head_dim 128, 4-bit
-    ones of 256) rotate as halves of 32, twice as many planes (:func:`_split_planes`, :func:`_joined_planes`):
-    the in-plane matrix made from indices is then a quarter of the size, which one warp had built and moved
-    into the MMA's operand layout at 128 entries a lane, in the prologue and again in the epilogue (sm_90, turbo
-    8-bit at 1K: 32.31 → 26.06 instructions per key of a split), and the MMAs do half the work."""
-    return 32 if int(PW) == 64 and int(P) <= 4 else int(PW)
+    """Columns of the planes the Hadamard rotation runs on. Planes wider than 32 (8-bit rows of head_dim 128 and
+    256, 4-bit ones of 256) rotate as 32-column parts, two or four times as many planes (at most 8;
+    :func:`_split_planes`, :func:`_joined_planes`): the in-plane matrix made from indices is then a quarter or a
+    sixteenth of the size, which one warp had built and moved into the MMA's operand layout at 128 entries a lane
+    for planes of 64 and 512 for planes of 128, in the prologue and again in the epilogue (sm_90, turbo 8-bit at
+    1K: 32.31 → 26.06 instructions per key of a split at head_dim 128), and the MMAs do a half or a quarter of
+    the work."""
+    P, PW = int(P), int(PW)
+    return 32 if PW > 32 and P * PW // 32 <= 8 else PW
 
 
 @triton.jit
@@ -204,12 +207,16 @@ def _interleaved(a, b):
 
 @triton.jit
 def _joined_planes(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr, PW: tl.constexpr, RW: tl.constexpr):
-    """The ``P`` planes of ``PW`` columns (dims ``P·t + s``) from the rotation's ``2P`` planes of ``RW = PW / 2``
-    (dims ``2P·t' + r``): plane ``s``'s column ``2t' + u`` is plane ``P·u + s``'s column ``t'``. Planes past ``P``
-    repeat plane 0, as the rotation leaves them."""
+    """The ``P`` planes of ``PW`` columns (dims ``P·t + s``) from the rotation's ``F·P`` planes of ``RW = PW / F``
+    (dims ``F·P·t' + r``, ``F`` 2 or 4): plane ``s``'s column ``F·t' + u`` is plane ``P·u + s``'s column ``t'``.
+    Planes past ``P`` repeat plane 0, as the rotation leaves them."""
     if RW < PW:
-        tl.static_assert(PW == 2 * RW and (P == 2 or P == 4))
-        if P == 2:
+        tl.static_assert((PW == 2 * RW and (P == 2 or P == 4)) or (PW == 4 * RW and P == 2))
+        if PW == 4 * RW:  # u = 0 … 3 are planes s, 2 + s, 4 + s, 6 + s
+            z0, z1 = (_interleaved(_interleaved(z0, z4), _interleaved(z2, z6)),
+                      _interleaved(_interleaved(z1, z5), _interleaved(z3, z7)))
+            z2, z3, z4, z5, z6, z7 = z0, z0, z0, z0, z0, z0
+        elif P == 2:
             z0, z1 = _interleaved(z0, z2), _interleaved(z1, z3)
             z2, z3, z4, z5, z6, z7 = z0, z0, z0, z0, z0, z0
         else:
@@ -220,18 +227,27 @@ def _joined_planes(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr, PW: tl.const
 
 @triton.jit
 def _split_planes(a0, a1, a2, a3, a4, a5, a6, a7, P: tl.constexpr, PW: tl.constexpr, RW: tl.constexpr):
-    """The inverse of :func:`_joined_planes`: ``P`` planes of ``PW`` columns as ``2P`` planes of ``RW = PW / 2``
-    (the even columns of plane ``s`` are plane ``s``, its odd ones plane ``P + s``); split in registers."""
+    """The inverse of :func:`_joined_planes`: ``P`` planes of ``PW`` columns as ``F·P`` planes of ``RW = PW / F``
+    (plane ``s``'s columns ``u`` mod ``F`` are plane ``P·u + s``); split in registers."""
     if RW < PW:
-        tl.static_assert(PW == 2 * RW and (P == 2 or P == 4))
-        e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2]))
-        e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2]))
-        if P == 2:
-            a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, o0, o1, e0, e0, e0, e0
+        tl.static_assert((PW == 2 * RW and (P == 2 or P == 4)) or (PW == 4 * RW and P == 2))
+        if PW == 4 * RW:  # column 4t' + 2w + v: v split first, then w
+            e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2, 2]))
+            e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2, 2]))
+            u00, u02 = tl.split(e0)
+            u01, u03 = tl.split(o0)
+            u10, u12 = tl.split(e1)
+            u11, u13 = tl.split(o1)
+            a0, a1, a2, a3, a4, a5, a6, a7 = u00, u10, u01, u11, u02, u12, u03, u13
         else:
-            e2, o2 = tl.split(tl.reshape(a2, [a2.shape[0], RW, 2]))
-            e3, o3 = tl.split(tl.reshape(a3, [a3.shape[0], RW, 2]))
-            a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, e2, e3, o0, o1, o2, o3
+            e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2]))
+            e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2]))
+            if P == 2:
+                a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, o0, o1, e0, e0, e0, e0
+            else:
+                e2, o2 = tl.split(tl.reshape(a2, [a2.shape[0], RW, 2]))
+                e3, o3 = tl.split(tl.reshape(a3, [a3.shape[0], RW, 2]))
+                a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, e2, e3, o0, o1, o2, o3
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
