@@ -277,18 +277,7 @@ def _decode_split_kernel(
             _store_hadamard_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, inv, rz.to(tl.int32), vrot_ptr, row_ok, VP,
                                  VPW, D, USE_ASM)
         else:
-            # each row scaled by its largest magnitude: the fp16 halves of the MMAs neither overflow nor
-            # lose a row of small values
-            c = tl.max(tl.abs(a0), axis=1)
-            if VP > 1:
-                c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
-            if VP > 2:
-                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
-            if VP > 4:
-                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
-                c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
-            c = tl.where(c > 0, c, 1.0)[:, None]
-            _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, c, c * inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
+            _store_dense_back(out_row, a0, a1, a2, a3, a4, a5, a6, a7, inv, vrot_ptr, row_ok, VP, VPW, D, DQ,
                               V_HADAMARD)
     else:
         _store_plane(out_row, a0 * (inv / _field_unit(V_BITS, V_TURBO, 0)) - z_c, 0, VP, VPW, row_ok, W_OUT)

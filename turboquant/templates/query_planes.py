@@ -228,26 +228,20 @@ def _joined_planes(z0, z1, z2, z3, z4, z5, z6, z7, P: tl.constexpr, PW: tl.const
 @triton.jit
 def _split_planes(a0, a1, a2, a3, a4, a5, a6, a7, P: tl.constexpr, PW: tl.constexpr, RW: tl.constexpr):
     """The inverse of :func:`_joined_planes`: ``P`` planes of ``PW`` columns as ``F·P`` planes of ``RW = PW / F``
-    (plane ``s``'s columns ``u`` mod ``F`` are plane ``P·u + s``); split in registers."""
+    (plane ``s``'s columns ``u`` mod ``F`` are plane ``P·u + s``: :func:`_planes_of` of each plane)."""
     if RW < PW:
         tl.static_assert((PW == 2 * RW and (P == 2 or P == 4)) or (PW == 4 * RW and P == 2))
-        if PW == 4 * RW:  # column 4t' + 2w + v: v split first, then w
-            e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2, 2]))
-            e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2, 2]))
-            u00, u02 = tl.split(e0)
-            u01, u03 = tl.split(o0)
-            u10, u12 = tl.split(e1)
-            u11, u13 = tl.split(o1)
-            a0, a1, a2, a3, a4, a5, a6, a7 = u00, u10, u01, u11, u02, u12, u03, u13
+        F: tl.constexpr = PW // RW
+        b0, b1, b2, b3, _, _, _, _ = _planes_of(a0, F, RW)
+        c0, c1, c2, c3, _, _, _, _ = _planes_of(a1, F, RW)
+        if P == 4:
+            d0, d1, _, _, _, _, _, _ = _planes_of(a2, F, RW)
+            e0, e1, _, _, _, _, _, _ = _planes_of(a3, F, RW)
+            a0, a1, a2, a3, a4, a5, a6, a7 = b0, c0, d0, e0, b1, c1, d1, e1
+        elif F == 4:
+            a0, a1, a2, a3, a4, a5, a6, a7 = b0, c0, b1, c1, b2, c2, b3, c3
         else:
-            e0, o0 = tl.split(tl.reshape(a0, [a0.shape[0], RW, 2]))
-            e1, o1 = tl.split(tl.reshape(a1, [a1.shape[0], RW, 2]))
-            if P == 2:
-                a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, o0, o1, e0, e0, e0, e0
-            else:
-                e2, o2 = tl.split(tl.reshape(a2, [a2.shape[0], RW, 2]))
-                e3, o3 = tl.split(tl.reshape(a3, [a3.shape[0], RW, 2]))
-                a0, a1, a2, a3, a4, a5, a6, a7 = e0, e1, e2, e3, o0, o1, o2, o3
+            a0, a1, a2, a3, a4, a5, a6, a7 = b0, c0, b1, c1, b0, b0, b0, b0
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
@@ -384,10 +378,21 @@ def _store_hadamard_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, k, zero, rot_p
 
 
 @triton.jit
-def _store_dense_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, c, k, rot_ptr, row_ok, P: tl.constexpr,
+def _store_dense_back(row_ptr, a0, a1, a2, a3, a4, a5, a6, a7, k, rot_ptr, row_ok, P: tl.constexpr,
                       PW: tl.constexpr, D: tl.constexpr, DQ: tl.constexpr, HADAMARD: tl.constexpr):
-    """Store ``(y R) · k`` for the rotated-domain planes ``a_s = c · y_s``, reading the rotation (``R`` in
-    fp32, or ``√D · R`` in fp16) plane by plane: :func:`_rotated_back`."""
+    """Store ``(a R) · k`` for the rotated-domain planes ``a_s`` (fp32), reading the rotation (``R`` in fp32,
+    or ``√D · R`` in fp16) plane by plane: :func:`_rotated_back`. Each row is scaled by its largest magnitude
+    ``c`` first, so that the fp16 halves of the MMAs neither overflow nor lose a row of small values."""
+    c = tl.max(tl.abs(a0), axis=1)
+    if P > 1:
+        c = tl.maximum(c, tl.max(tl.abs(a1), axis=1))
+    if P > 2:
+        c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a2), axis=1)), tl.max(tl.abs(a3), axis=1))
+    if P > 4:
+        c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a4), axis=1)), tl.max(tl.abs(a5), axis=1))
+        c = tl.maximum(tl.maximum(c, tl.max(tl.abs(a6), axis=1)), tl.max(tl.abs(a7), axis=1))
+    c = tl.where(c > 0, c, 1.0)[:, None]
+    k = c * k
     y = _rotated_back(a0 / c, 0, P, PW, rot_ptr, D, DQ, HADAMARD)
     if P > 1:
         y += _rotated_back(a1 / c, 1, P, PW, rot_ptr, D, DQ, HADAMARD)
