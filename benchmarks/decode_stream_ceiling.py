@@ -40,19 +40,21 @@ COLUMNS = ["context", "setting", "variant", "block_n", "num_stages", "num_warps"
 
 @triton.jit
 def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW: tl.constexpr,
-                   BLOCK_N: tl.constexpr, META: tl.constexpr, NUM_STAGES: tl.constexpr, PLANES3: tl.constexpr,
-                   READ: tl.constexpr):
+                   BLOCK_N: tl.constexpr, META: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   BYTE_PLANES: tl.constexpr, READ: tl.constexpr):
     """Read one split of one head's keys and values as the split kernel does; store a checksum. Rows of
     ``ROW`` int16 words, read as a tile of the next power of two columns (3-bit rows: 24 words in 32), or
-    with ``PLANES3`` as three 16-byte planes of each 48-byte row (the split kernel's 3-bit byte planes). ``READ``:
-    the words of a row read (the rest of a wider row's stride left alone)."""
+    with ``BYTE_PLANES`` = 3 as three 16-byte planes of each 48-byte row (the split kernel's 3-bit byte planes), or
+    with 1 as a "2+1" row: a 2-bit row's 16 words (the low two bits of each code) then one 16-byte plane (the
+    high bits), a layout no cache has yet. ``READ``: the words of a row read (the rest of a wider row's stride left
+    alone)."""
     pid_bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     base_c = pid_bh * S * ROW
     base_m = pid_bh * S
     start = split * split_blocks * BLOCK_N
-    COLS: tl.constexpr = 16 if PLANES3 else triton.next_power_of_2(ROW)
-    tl.static_assert(not PLANES3 or ROW == 24)
+    COLS: tl.constexpr = 16 if BYTE_PLANES else triton.next_power_of_2(ROW)
+    tl.static_assert((BYTE_PLANES == 0 or BYTE_PLANES == 1 or BYTE_PLANES == 3) and (BYTE_PLANES == 0 or ROW == 24))
     cols = tl.arange(0, COLS)
     ones = tl.full([16, BLOCK_N], 1.0, tl.float16)
     acc = tl.zeros([16, COLS], tl.float32)
@@ -68,9 +70,15 @@ def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW
         if META:  # a block ahead, in registers, as _block_meta's loads
             km_next = tl.load(km_ptr + base_m + n_next)
             vm_next = tl.load(vm_ptr + base_m + n_next)
-        if PLANES3:  # the keys' planes meet the query along the row, the values' along the keys
+        if BYTE_PLANES:  # the keys' planes meet the query along the row, the values' along the keys
             off = (base_c + n.to(tl.int64)[:, None] * ROW) * 2 + cols[None, :]  # bytes
-            for p in tl.static_range(3):
+            if BYTE_PLANES == 1:  # 2+1: the words of bytes 0–31, then the byte plane 32–47
+                w_off = base_c + n.to(tl.int64)[:, None] * ROW + cols[None, :]
+                k = tl.load(kc_ptr + w_off).to(tl.float16, bitcast=True)
+                v = tl.load(vc_ptr + w_off).to(tl.float16, bitcast=True)
+                k_acc = tl.dot(ones16, tl.trans(k), k_acc)
+                acc = tl.dot(ones, v, acc)
+            for p in tl.static_range(3 - BYTE_PLANES, 3):
                 k = tl.load(kc_ptr.to(tl.pointer_type(tl.uint8)) + off + 16 * p).to(tl.int16)
                 v = tl.load(vc_ptr.to(tl.pointer_type(tl.uint8)) + off + 16 * p).to(tl.int16)
                 k_acc = tl.dot(ones16, tl.trans(k.to(tl.float16, bitcast=True)), k_acc)
@@ -85,20 +93,21 @@ def _stream_kernel(kc_ptr, km_ptr, vc_ptr, vm_ptr, out_ptr, S, split_blocks, ROW
             m_acc = m_acc ^ km ^ vm
             km, vm = km_next, vm_next
     total = tl.sum(tl.sum(acc, axis=1), axis=0) + tl.sum(m_acc, axis=0).to(tl.float32)
-    if PLANES3:
+    if BYTE_PLANES:
         total += tl.sum(tl.sum(k_acc, axis=1), axis=0)
     tl.store(out_ptr + pid_bh * tl.num_programs(1) + split, total)
 
 
 def stream(kc, km, vc, vm, out, block_n=64, num_stages=3, num_warps=1, programs_per_sm=8, meta=True, sms=None,
-           planes3=False, read=None):
+           byte_planes=0, read=None):
     """One launch over ``kc``/``vc`` ``[BH, S, ROW]`` int16 and ``km``/``vm`` ``[BH, S]`` int32; returns ``out``."""
     bh, S, row = kc.shape
     sms = sms or torch.cuda.get_device_properties(kc.device).multi_processor_count
     splits = max(1, min(programs_per_sm * sms // bh, S // block_n))
     split_blocks = S // (splits * block_n)
     _stream_kernel[(bh, splits)](kc, km, vc, vm, out, S, split_blocks, ROW=row, BLOCK_N=block_n, META=meta,
-                                 NUM_STAGES=num_stages, PLANES3=planes3, READ=read or row,
+                                 NUM_STAGES=num_stages, BYTE_PLANES=byte_planes,
+                                 READ=read or row,
                                  num_warps=num_warps)
     return out, splits * split_blocks * block_n
 
@@ -110,9 +119,11 @@ def variants(bits):
                ("128 keys, 2 stages", {"block_n": 128, "num_stages": 2}), ("4 stages", {"num_stages": 4}),
                ("16 programs", {"programs_per_sm": 16}), ("4 warps, 128 keys", {"num_warps": 4, "block_n": 128})]
     if bits == 3:  # the split kernel reads three byte planes a row; 64-byte tiles are the other rows' shape
-        changes = [("byte planes", {"planes3": True}), ("byte planes, no meta", {"planes3": True, "meta": False}),
-                   ("byte planes, 2 stages", {"planes3": True, "num_stages": 2}),
-                   ("byte planes, 4 stages", {"planes3": True, "num_stages": 4}),
+        changes = [("byte planes", {"byte_planes": 3}), ("byte planes, no meta", {"byte_planes": 3, "meta": False}),
+                   ("byte planes, 2 stages", {"byte_planes": 3, "num_stages": 2}),
+                   ("byte planes, 4 stages", {"byte_planes": 3, "num_stages": 4}),
+                   ("2+1", {"byte_planes": 1}), ("2+1, 2 stages", {"byte_planes": 1, "num_stages": 2}),
+                   ("2+1, 128 keys, 2 stages", {"byte_planes": 1, "block_n": 128, "num_stages": 2}),
                    ("words, 64-byte stride", {"stride64": True})] + changes
     if bits == 16:
         # 64 KB of stages a program at 3: as many programs as fit an SM's shared memory
@@ -158,15 +169,16 @@ def run(S, bits_list, BH=64, D=128):
     return rows
 
 
-def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1, planes3=False):
+def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1, byte_planes=0):
     """The pattern kernel compiled for sm_90 on this machine (no GPU): its loop's instruction count and
     opcodes, and its shared memory in bytes (``decode_sass.py``'s compile and loop finder)."""
     from decode_sass import compile_for_sm90, loop_counts
 
     sig = {"kc_ptr": "*i16", "km_ptr": "*i32", "vc_ptr": "*i16", "vm_ptr": "*i32", "out_ptr": "*fp32", "S": "i32",
            "split_blocks": "i32", "ROW": "constexpr", "BLOCK_N": "constexpr", "META": "constexpr",
-           "NUM_STAGES": "constexpr", "PLANES3": "constexpr", "READ": "constexpr"}
-    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages, "PLANES3": planes3,
+           "NUM_STAGES": "constexpr", "BYTE_PLANES": "constexpr", "READ": "constexpr"}
+    consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages,
+              "BYTE_PLANES": byte_planes,
               "READ": 128 * bits // 16}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     sass, _, shared = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
@@ -184,14 +196,15 @@ def main(argv=None):
                    help="CPU: print the pattern kernel's sm_90 loop (instructions, opcodes, shared bytes) per --bits "
                         "as JSON lines, and time nothing")
     p.add_argument("--no-meta", action="store_true", help="with --sm90-loop: the kernel without metadata loads")
-    p.add_argument("--byte-planes", action="store_true",
-                   help="with --sm90-loop: 3-bit rows read as three byte planes, as the split kernel reads them")
+    p.add_argument("--byte-planes", type=int, default=0, choices=[0, 1, 3],
+                   help="with --sm90-loop: 3-bit rows read as three byte planes, as the split kernel reads them (3), "
+                        "or as 16 words and one byte plane (1: the 2+1 layout)")
     args = p.parse_args(argv)
     if args.sm90_loop:
         import json
 
         for bits in args.bits:
-            loop = sm90_loop(bits, meta=not args.no_meta, planes3=args.byte_planes and bits == 3)
+            loop = sm90_loop(bits, meta=not args.no_meta, byte_planes=args.byte_planes if bits == 3 else 0)
             print(json.dumps({"bits": bits, "meta": not args.no_meta, **loop}))
         return 0
     if not torch.cuda.is_available():

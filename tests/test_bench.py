@@ -294,9 +294,17 @@ def test_stream_ceiling_reads_3bit_rows_as_byte_planes_as_the_split_kernel_does(
     """The 3-bit byte-plane variant compiled for sm_90 (CPU): three 16-byte planes a row through the
     pipeliner's stages, the values' bytes leaving shared memory a byte a load as the split kernel's do
     (3 planes × 64 keys × 16 bytes / 32 lanes = 96 ``LDS``; the split kernel's 3-bit loop holds 110)."""
-    ops = _stream_ceiling_loop("--bits", "3", "--byte-planes")["opcodes"]
+    ops = _stream_ceiling_loop("--bits", "3", "--byte-planes", "3")["opcodes"]
     # per plane eight MMAs for the keys' 64 × 16-byte tile and eight for the values'
     assert ops["LDGSTS"] > 0 and ops["LDS"] >= 96 and ops["HMMA"] == 48, ops
+
+
+def test_stream_ceiling_reads_2_plus_1_rows_with_a_third_of_the_byte_loads():
+    """The "2+1" variant (16 words of low bits, one byte plane of high bits) compiled for sm_90 (CPU): the words
+    leave shared memory as matrices (``LDSM``), only the byte plane's value bytes a byte a load (64 keys × 16
+    bytes / 32 lanes = 32 ``LDS``; three byte planes take 96), and two tiles' MMAs where the byte planes take three."""
+    ops = _stream_ceiling_loop("--bits", "3", "--byte-planes", "1")["opcodes"]
+    assert ops["LDGSTS"] > 0 and ops.get("LDSM", 0) > 0 and 32 <= ops["LDS"] < 96 and ops["HMMA"] == 32, ops
 
 
 def test_compile_codegen_benchmark_smoke(tmp_path):
