@@ -807,6 +807,33 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
     assert consts["SKIP_RESCALE"] == (warps == 1)
 
 
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+def test_short_3bit_caches_run_two_warp_programs(method):
+    # a 1K split of 3-bit rows is one 128-key block: two warps repeat less of its fixed work than four
+    # (H100, 1K: turbo 13.41 → 11.30 µs, affine 9.85 → 8.71)
+    cfg = KVQuantConfig(method=method, bits=3)
+    options, consts = _plan_options(cfg, 1024)
+    assert options["num_warps"] == 2 and consts["BLOCK_N"] == 128 and consts["M"] == 4 and consts["NG"] == 1
+    assert _plan_options(cfg, 513)[0]["num_warps"] == 2
+    assert _plan_options(cfg, 1025)[0]["num_warps"] == 4  # 64-key blocks past SHORT_3BIT_KEYS
+    assert _plan_options(cfg, 512)[0]["num_warps"] == 4  # half the programs: turbo 9.35 µs with four, 9.67 two
+    assert _plan_options(cfg, 1024, L=8)[0]["num_warps"] == 4  # 32 rows
+    assert _plan_options(cfg, 1024, num_splits=1)[0]["num_warps"] == 2  # not host-bound on the CPU
+    for other in (KVQuantConfig(method=method, bits=4), KVQuantConfig(method=method, bits=4, k_bits=3, v_bits=4)):
+        assert _plan_options(other, 1024)[0]["num_warps"] == 4
+
+
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("S, D, g, mask", [(601, 64, 4, "padded"), (777, 96, 8, "causal"),
+                                           pytest.param(1024, 128, 4, "bool", marks=pytest.mark.gpu)])
+def test_two_warp_programs_match_the_oracle(method, S, D, g, mask):
+    # the short 3-bit plan (two warps, one 128-key block a split) at awkward sizes, against the oracle
+    launch = dict(block_n=None, num_splits=2)
+    assert _plan_options(KVQuantConfig(method=method, bits=3), S, D=D, **launch)[0]["num_warps"] == 2
+    out, ref = _case(method, 3, 3, B=3, hkv=2, g=g, L=1, S=S, D=D, mask=mask, seed=S + D, **launch)
+    assert _rel(out, ref) < TOL
+
+
 @pytest.mark.parametrize("bits, S, num_splits, groups", [
     (4, 32768, None, 4), (2, 8192, None, 4), (3, 4096, 4, 4),  # 1024 keys per split and more
     (4, 4096, 16, 1),   # 256 keys per split: the merge of the groups would cost more than they save
@@ -944,6 +971,18 @@ def test_row_groups_match_the_oracle(method, bits, g, L, mask, num_splits, group
     # partly and wholly past the end
     out, ref = _case(method, *bits, B=2, hkv=2, g=g, L=L, S=201, D=64, mask=mask, seed=g + L, num_warps=1,
                      block_n=64, num_splits=num_splits, row_groups=groups, **extra)
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("method, bits, mask, groups", [
+    ("turbo", (4, 4), "padded", 4), ("turbo", (4, 4), None, 2), ("turbo", (2, 2), "bool", 4),
+    ("affine", (4, 4), "bool", 4), ("affine", (8, 8), "additive", 4), ("affine", (2, 2), "padded", 2),
+])
+def test_four_warp_row_groups_match_the_oracle(method, bits, mask, groups):
+    # row groups in a short cache's four-warp programs (a launch override): the groups' rescales are not
+    # skipped there, and the last block's groups run partly and wholly past 201 keys
+    out, ref = _case(method, *bits, B=2, hkv=2, g=4, L=1, S=201, D=64, mask=mask, seed=groups + bits[0], num_warps=4,
+                     block_n=64 if DEVICE == "cpu" else 128, num_splits=2, row_groups=groups)
     assert _rel(out, ref) < TOL
 
 

@@ -268,6 +268,22 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     return all(computed) or S >= LONG_CACHE_KEYS
 
 
+def _two_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
+    """Whether a short cache's programs, which :func:`_one_warp_programs` leaves more than one warp, are two warps
+    rather than four: 3-bit keys and values of more than half and at most ``SHORT_3BIT_KEYS`` keys (one 128-key
+    block a split), tiles of at most 16 rows. Such a program is one block and its fixed work, much of which every warp repeats:
+    sm_90 SASS, warps × instructions a warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit
+    4 × 1600 → 2 × 1848 (register copies that pad 4-row tiles to the MMA's 16 rows: 446 and 284 a warp with
+    four). H100, B=8, Hq=32, Hkv=8, D=128, 1K, CUDA graph µs, four warps → two, same
+    process (2026-12-06, ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``):
+    turbo 3-bit 13.41 → 11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call, with two
+    warps the default (``decode_variants_three_bit_warps_h100.log``): 13.34 → 11.19, 9.62 → 8.63. At 512 keys (4
+    splits: half the programs) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68, so there four stay. Not other
+    widths: turbo 4-bit 10.90 → 12.21 and 2-bit 10.81 → 11.46 (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16 rows (GQA 8, or query
+    positions) take it untimed; host-bound single splits (the whole sequence a program) keep four."""
+    return k_spec.bits == v_spec.bits == 3 and SHORT_3BIT_KEYS // 2 < S <= SHORT_3BIT_KEYS and rows <= 16
+
+
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
     """Row groups of a one-warp tile (:func:`_one_warp_programs`). A tile of ``rows`` query rows (4,
     or 8) fills a quarter or half of the MMA's 16 rows, and the softmax ran on all 16: its score tile
@@ -705,9 +721,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
     if num_warps is None:
         # one split of a host-bound call is the whole sequence: it keeps its four warps
-        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
-               and not (host_bound and num_splits in (None, 1)))
-        num_warps = 1 if one else 4
+        whole = host_bound and num_splits in (None, 1)
+        one = _one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False) and not whole
+        num_warps = 1 if one else 2 if _two_warp_programs(k_spec, v_spec, S, G * L) and not whole else 4
     one_warp = num_warps == 1
     KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
