@@ -271,16 +271,16 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
 def _two_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
     """Whether a short cache's programs, which :func:`_one_warp_programs` leaves more than one warp, are two warps
     rather than four: 3-bit keys and values of more than half and at most ``SHORT_3BIT_KEYS`` keys (one 128-key
-    block a split), tiles of at most 16 rows. Such a program is one block and its fixed work, much of which every warp repeats:
-    sm_90 SASS, warps × instructions a warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit
-    4 × 1600 → 2 × 1848 (register copies that pad 4-row tiles to the MMA's 16 rows: 446 and 284 a warp with
-    four). H100, B=8, Hq=32, Hkv=8, D=128, 1K, CUDA graph µs, four warps → two, same
-    process (2026-12-06, ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``):
-    turbo 3-bit 13.41 → 11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call, with two
-    warps the default (``decode_variants_three_bit_warps_h100.log``): 13.34 → 11.19, 9.62 → 8.63. At 512 keys (4
-    splits: half the programs) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68, so there four stay. Not other
-    widths: turbo 4-bit 10.90 → 12.21 and 2-bit 10.81 → 11.46 (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16 rows (GQA 8, or query
-    positions) take it untimed; host-bound single splits (the whole sequence a program) keep four."""
+    block a split), tiles of at most 16 rows. Such a program is one block and its fixed work, much of which every
+    warp repeats: sm_90 SASS, warps × instructions a warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit
+    4 × 1600 → 2 × 1848 (register copies that pad 4-row tiles to the MMA's 16 rows: 446 and 284 a warp with four).
+    H100, B=8, Hq=32, Hkv=8, D=128, 1K, CUDA graph µs, four warps → two, same process (2026-12-06,
+    ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``): turbo 3-bit 13.41 →
+    11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call, with two warps the default
+    (``decode_variants_three_bit_warps_h100.log``): 13.34 → 11.19, 9.62 → 8.63. At 512 keys (4 splits: half the
+    programs) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68, so there four stay. Not other widths: turbo 4-bit
+    10.90 → 12.21 and 2-bit 10.81 → 11.46 (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16 rows
+    (GQA 8, or query positions) take it untimed; host-bound single splits (the whole sequence a program) keep four."""
     return k_spec.bits == v_spec.bits == 3 and SHORT_3BIT_KEYS // 2 < S <= SHORT_3BIT_KEYS and rows <= 16
 
 
