@@ -95,6 +95,10 @@ SHORT_3BIT_KEYS = 1024
 # Keys per sequence from which a program is one warp (:func:`_one_warp_programs`).
 LONG_CACHE_KEYS = 2048
 
+# Programs per multiprocessor from which a short 3-bit cache's programs are two warps (:func:`_two_warp_programs`):
+# between the grids timed, 3.9 per SM (two warps faster) and 1.9 (four faster).
+TWO_WARP_PROGRAMS_PER_SM = 3
+
 # Keys per split from which a split's loop, not its fixed work, sets its time: one-warp affine tiles
 # hold row groups from here (:func:`_row_groups`; shorter splits ran 2–3% slower with them, H200, 4K
 # context: 256 keys per split, 1024 and more faster), and affine values without row groups sum their
@@ -268,20 +272,25 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     return all(computed) or S >= LONG_CACHE_KEYS
 
 
-def _two_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int) -> bool:
+def _two_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int, programs: int,
+                       sms: int) -> bool:
     """Whether a short cache's programs, which :func:`_one_warp_programs` leaves more than one warp, are two warps
-    rather than four: 3-bit keys and values of more than half and at most ``SHORT_3BIT_KEYS`` keys (one 128-key
-    block a split), tiles of at most 16 rows. Such a program is one block and its fixed work, much of which every
-    warp repeats: sm_90 SASS, warps × instructions a warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit
-    4 × 1600 → 2 × 1848 (register copies that pad 4-row tiles to the MMA's 16 rows: 446 and 284 a warp with four).
-    H100, B=8, Hq=32, Hkv=8, D=128, 1K, CUDA graph µs, four warps → two, same process (2026-12-06,
-    ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``): turbo 3-bit 13.41 →
-    11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call, with two warps the default
-    (``decode_variants_three_bit_warps_h100.log``): 13.34 → 11.19, 9.62 → 8.63. At 512 keys (4 splits: half the
-    programs) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68, so there four stay. Not other widths: turbo 4-bit
-    10.90 → 12.21 and 2-bit 10.81 → 11.46 (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16 rows
-    (GQA 8, or query positions) take it untimed; host-bound single splits (the whole sequence a program) keep four."""
-    return k_spec.bits == v_spec.bits == 3 and SHORT_3BIT_KEYS // 2 < S <= SHORT_3BIT_KEYS and rows <= 16
+    rather than four: 3-bit keys and values of at most ``SHORT_3BIT_KEYS`` keys (one 128-key block a split), tiles
+    of at most 16 rows, and a grid of at least ``TWO_WARP_PROGRAMS_PER_SM`` programs per multiprocessor. Such a
+    program is one block and its fixed work, much of which every warp repeats: sm_90 SASS, warps × instructions a
+    warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit 4 × 1600 → 2 × 1848 (register copies that pad
+    4-row tiles to the MMA's 16 rows: 446 and 284 a warp with four). H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    µs, four warps → two, same process (2026-12-06,
+    ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``): 1K (512 programs,
+    3.9 per SM) turbo 3-bit 13.41 → 11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call
+    (``decode_variants_three_bit_warps_h100.log``) 13.34 → 11.19, 9.62 → 8.63. At 512 keys (256 programs, 1.9 per
+    SM) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68: with fewer programs than schedulers to fill, four
+    warps a program keep more of them busy, so fewer programs (smaller batches, shorter caches, host-bound single
+    splits) keep four. Not timed between the two grids, nor at other batch sizes. Not other widths: turbo 4-bit
+    10.90 → 12.21 and 2-bit 10.81 → 11.46 at 1K (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16
+    rows (GQA 8, or query positions) take it untimed."""
+    return (k_spec.bits == v_spec.bits == 3 and S <= SHORT_3BIT_KEYS and rows <= 16
+            and programs >= TWO_WARP_PROGRAMS_PER_SM * sms)
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
@@ -721,9 +730,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
     if num_warps is None:
         # one split of a host-bound call is the whole sequence: it keeps its four warps
-        whole = host_bound and num_splits in (None, 1)
-        one = _one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False) and not whole
-        num_warps = 1 if one else 2 if _two_warp_programs(k_spec, v_spec, S, G * L) and not whole else 4
+        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
+               and not (host_bound and num_splits in (None, 1)))
+        num_warps = 1 if one else 4
+        two_warps = not one  # or two, once the grid is known (_two_warp_programs)
+    else:
+        two_warps = False
     one_warp = num_warps == 1
     KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
@@ -742,12 +754,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short3 else 128
     if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
+    sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
     if num_splits is None:
         # as many splits as fill one wave of programs_per_sm per SM and no more: a split past it
         # starts a second wave that runs alone
         if programs_per_sm is None:
             programs_per_sm = _programs_per_sm(k_spec, v_spec, D, one_warp)
-        sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
         num_splits = max(1, min(programs_per_sm * sms // (B * HKV), _cdiv(S, _min_split_keys(k_spec, block_n))))
     # blocks per split: for one-warp programs the loop's bound is an argument, so any cache length
     # splits evenly into one wave (a power of two had left 32800 keys 17 splits, a second wave:
@@ -758,6 +770,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     fixed_blocks = not one_warp
     # split_keys: what the long-split rules below go by
     split_blocks, split_keys, num_splits = _splits(S, _cdiv(max(S, 1), num_splits), block_n, fixed_blocks)
+    if two_warps and _two_warp_programs(k_spec, v_spec, S, G * L, B * HKV * num_splits * _cdiv(G * L, M), sms):
+        num_warps = 2
     if num_stages is None:
         num_stages = _num_stages(k_spec, v_spec, one_warp, short_affine3, split_keys)
     if keys_major is None:  # not where the caller set the row-major tile's row groups or sum tile
