@@ -733,9 +733,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
                and not (host_bound and num_splits in (None, 1)))
         num_warps = 1 if one else 4
-        two_warps = not one  # or two, once the grid is known (_two_warp_programs)
+        two_warp_candidate = not one  # two, once the grid is known (_two_warp_programs)
     else:
-        two_warps = False
+        two_warp_candidate = False
     one_warp = num_warps == 1
     KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
@@ -770,7 +770,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     fixed_blocks = not one_warp
     # split_keys: what the long-split rules below go by
     split_blocks, split_keys, num_splits = _splits(S, _cdiv(max(S, 1), num_splits), block_n, fixed_blocks)
-    if two_warps and _two_warp_programs(k_spec, v_spec, S, G * L, B * HKV * num_splits * _cdiv(G * L, M), sms):
+    if two_warp_candidate and _two_warp_programs(k_spec, v_spec, S, G * L, B * HKV * num_splits * _cdiv(G * L, M), sms):
         num_warps = 2
     if num_stages is None:
         num_stages = _num_stages(k_spec, v_spec, one_warp, short_affine3, split_keys)
