@@ -106,8 +106,7 @@ def stream(kc, km, vc, vm, out, block_n=64, num_stages=3, num_warps=1, programs_
     splits = max(1, min(programs_per_sm * sms // bh, S // block_n))
     split_blocks = S // (splits * block_n)
     _stream_kernel[(bh, splits)](kc, km, vc, vm, out, S, split_blocks, ROW=row, BLOCK_N=block_n, META=meta,
-                                 NUM_STAGES=num_stages, BYTE_PLANES=byte_planes,
-                                 READ=read or row,
+                                 NUM_STAGES=num_stages, BYTE_PLANES=byte_planes, READ=read or row,
                                  num_warps=num_warps)
     return out, splits * split_blocks * block_n
 
@@ -178,8 +177,7 @@ def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1, byte_plane
            "split_blocks": "i32", "ROW": "constexpr", "BLOCK_N": "constexpr", "META": "constexpr",
            "NUM_STAGES": "constexpr", "BYTE_PLANES": "constexpr", "READ": "constexpr"}
     consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages,
-              "BYTE_PLANES": byte_planes,
-              "READ": 128 * bits // 16}
+              "BYTE_PLANES": byte_planes, "READ": 128 * bits // 16}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
     sass, _, shared = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
     n, ops = loop_counts(sass)

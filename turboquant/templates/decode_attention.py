@@ -272,25 +272,23 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     return all(computed) or S >= LONG_CACHE_KEYS
 
 
-def _two_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int, programs: int,
-                       sms: int) -> bool:
+def _two_warp_programs(short3: bool, rows: int, programs: int, sms: int) -> bool:
     """Whether a short cache's programs, which :func:`_one_warp_programs` leaves more than one warp, are two warps
-    rather than four: 3-bit keys and values of at most ``SHORT_3BIT_KEYS`` keys (one 128-key block a split), tiles
-    of at most 16 rows, and a grid of at least ``TWO_WARP_PROGRAMS_PER_SM`` programs per multiprocessor. Such a
-    program is one block and its fixed work, much of which every warp repeats: sm_90 SASS, warps × instructions a
-    warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit 4 × 1600 → 2 × 1848 (register copies that pad
-    4-row tiles to the MMA's 16 rows: 446 and 284 a warp with four). H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
-    µs, four warps → two, same process (2026-12-06,
-    ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``): 1K (512 programs,
-    3.9 per SM) turbo 3-bit 13.41 → 11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call
+    rather than four: ``short3``, 3-bit keys and values of at most ``SHORT_3BIT_KEYS`` keys (one 128-key block a
+    split), tiles of at most 16 rows, and a grid of at least ``TWO_WARP_PROGRAMS_PER_SM`` programs per
+    multiprocessor. Such a program is one block and its fixed work, much of which every warp repeats: sm_90 SASS,
+    warps × instructions a warp, four → two, turbo 3-bit 4 × 2680 → 2 × 3208, affine 3-bit 4 × 1600 → 2 × 1848
+    (register copies that pad 4-row tiles to the MMA's 16 rows: 446 and 284 a warp with four). H100, B=8, Hq=32,
+    Hkv=8, D=128, CUDA graph µs, four warps → two, same process (2026-12-06,
+    ``benchmarks/results/session44_gpu/decode_variants_{turbo3,affine3}_1k_warps_h100.log``): 1K (512 programs, 3.9
+    per SM) turbo 3-bit 13.41 → 11.30, affine 3-bit 9.85 → 8.71 (cuDNN 10.71–10.75); again in a later call
     (``decode_variants_three_bit_warps_h100.log``) 13.34 → 11.19, 9.62 → 8.63. At 512 keys (256 programs, 1.9 per
-    SM) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68: with fewer programs than schedulers to fill, four
-    warps a program keep more of them busy, so fewer programs (smaller batches, shorter caches, host-bound single
-    splits) keep four. Not timed between the two grids, nor at other batch sizes. Not other widths: turbo 4-bit
-    10.90 → 12.21 and 2-bit 10.81 → 11.46 at 1K (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16
-    rows (GQA 8, or query positions) take it untimed."""
-    return (k_spec.bits == v_spec.bits == 3 and S <= SHORT_3BIT_KEYS and rows <= 16
-            and programs >= TWO_WARP_PROGRAMS_PER_SM * sms)
+    SM) turbo 3-bit ran 9.35 → 9.67 and affine 7.76 → 7.68: with fewer programs than schedulers to fill, four warps
+    a program keep more of them busy, so fewer programs (smaller batches, shorter caches, host-bound single splits)
+    keep four. Not timed between the two grids, nor at other batch sizes. Not other widths: turbo 4-bit 10.90 →
+    12.21 and 2-bit 10.81 → 11.46 at 1K (their 256-key splits); turbo 8-bit keeps one warp. Tiles of 5–16 rows (GQA
+    8, or query positions) take it untimed."""
+    return short3 and rows <= 16 and programs >= TWO_WARP_PROGRAMS_PER_SM * sms
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
@@ -728,14 +726,13 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     for t in (k_codes, k_meta, v_codes, v_meta):
         assert t.stride(-1) == 1, "packed rows must be contiguous along their last dim"
     host_bound = q.is_cuda and not capturing and B * HKV * S <= HOST_BOUND_KEY_ROWS
-    if num_warps is None:
-        # one split of a host-bound call is the whole sequence: it keeps its four warps
+    warps_set = num_warps is not None
+    if not warps_set:
+        # one split of a host-bound call is the whole sequence: it keeps its four warps (four may become two
+        # once the grid is known: _two_warp_programs)
         one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
                and not (host_bound and num_splits in (None, 1)))
         num_warps = 1 if one else 4
-        two_warp_candidate = not one  # two, once the grid is known (_two_warp_programs)
-    else:
-        two_warp_candidate = False
     one_warp = num_warps == 1
     KP, VP = _planes(k_spec.bits, k_codes.shape[-1]), _planes(v_spec.bits, v_codes.shape[-1])
     KPW = max(16, _pow2(_cdiv(D, KP)))
@@ -770,7 +767,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     fixed_blocks = not one_warp
     # split_keys: what the long-split rules below go by
     split_blocks, split_keys, num_splits = _splits(S, _cdiv(max(S, 1), num_splits), block_n, fixed_blocks)
-    if two_warp_candidate and _two_warp_programs(k_spec, v_spec, S, G * L, B * HKV * num_splits * _cdiv(G * L, M), sms):
+    programs = B * HKV * num_splits * _cdiv(G * L, M)
+    if not warps_set and num_warps == 4 and _two_warp_programs(short3, G * L, programs, sms):
         num_warps = 2
     if num_stages is None:
         num_stages = _num_stages(k_spec, v_spec, one_warp, short_affine3, split_keys)
