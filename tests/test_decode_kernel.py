@@ -802,8 +802,10 @@ def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
         groups = (16 // (4 * L) if bits == 3 else 1) if method == "affine" else turbo_groups
         assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
         assert consts["KEYS_MAJOR"] == keys_major
-    else:  # four warps: GQA 4 × L rows, no padding rows (affine 4-bit at 1K: 16 rows 9.52 µs, 4 rows 7.88, H200)
-        assert consts["NG"] == 1 and consts["M"] == 4 * L
+    else:  # four warps: GQA 4 × L rows, no padding rows (affine 4-bit at 1K: 16 rows 9.52 µs, 4 rows 7.88, H200);
+        # 4-row tiles in two row groups (_four_warp_row_groups)
+        groups = 2 if L == 1 else 1
+        assert consts["NG"] == groups and consts["M"] == 4 * L * groups
     assert consts["SKIP_RESCALE"] == (warps == 1)
 
 
@@ -855,7 +857,7 @@ def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
     (4, 32768, 1, 2), (8, 32768, 1, 2), (3, 32768, 1, 4), ((8, 4), 32768, 1, 2), ((4, 3), 4096, 1, 4),
     (2, 32768, 1, 1), ((4, 2), 32768, 1, 1),  # 2-bit turbo: its register-table lookups took more with groups
     (4, 32768, 2, 1), (3, 32768, 2, 1),        # 8-row tiles
-    (4, 1024, 1, 1),                           # short splits (turbo 8-bit is one-warp at 1K too)
+    (4, 1024, 1, 2), (3, 1024, 1, 1),          # short caches' four-warp programs: _four_warp_row_groups
 ])
 def test_row_groups_go_to_long_turbo_splits(bits, S, L, groups):
     # row-major tiles (turbo 2/4-bit ones are keys-major by default, without row groups)
@@ -863,7 +865,26 @@ def test_row_groups_go_to_long_turbo_splits(bits, S, L, groups):
     cfg = KVQuantConfig(method="turbo", bits=4, k_bits=k_bits, v_bits=v_bits)
     options, consts = _plan_options(cfg, S, L=L, B=8, keys_major=False)
     assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
-    assert options["num_warps"] == 1 or groups == 1
+    assert options["num_warps"] == 1 or S < 2048
+
+
+@pytest.mark.parametrize("method, bits, groups", [
+    ("affine", 8, 2), ("affine", 4, 2), ("affine", 2, 2), ("turbo", 4, 2), ("affine", (4, 2), 2),
+    ("turbo", 2, 1), ("turbo", (4, 2), 1),  # turbo 2-bit ran slower with them (H100, 1K: 10.84 → 11.21 µs)
+    ("affine", 3, 1), ("affine", (4, 3), 1),  # 3-bit: not timed (two-warp programs at 1K, B=8)
+])
+def test_short_caches_four_warp_programs_take_two_row_groups(method, bits, groups):
+    # H100, B=8, 1K: affine 4-bit 7.700 → 7.591 µs, turbo 4-bit 10.73 → 10.35; 512 keys likewise
+    k_bits, v_bits = bits if isinstance(bits, tuple) else (bits, bits)
+    cfg = KVQuantConfig(method=method, bits=4, k_bits=k_bits, v_bits=v_bits)
+    for S, B in ((1024, 8), (512, 8), (2047, 1)):
+        options, consts = _plan_options(cfg, S, B=B)
+        assert consts["NG"] == groups and consts["M"] == 4 * groups, (S, B)
+        assert options["num_warps"] == 4 or groups == 1  # 3-bit: two warps where the grid is full
+    assert _plan_options(cfg, 1024, L=2)[1]["NG"] == 1  # 8-row tiles: not timed
+    assert _plan_options(cfg, 1024, row_groups=1)[1]["NG"] == 1  # a caller's choice stands
+    assert _plan_options(cfg, 1024, block_n=16)[1]["NG"] == 1  # a group would be narrower than an MMA step
+    assert _plan_options(cfg, 1024, num_warps=2)[1]["NG"] == 1
 
 
 @pytest.mark.parametrize("method, bits, D, per_sm", [
@@ -981,6 +1002,7 @@ def test_row_groups_match_the_oracle(method, bits, g, L, mask, num_splits, group
 @pytest.mark.parametrize("method, bits, mask, groups", [
     ("turbo", (4, 4), "padded", 4), ("turbo", (4, 4), None, 2), ("turbo", (2, 2), "bool", 4),
     ("affine", (4, 4), "bool", 4), ("affine", (8, 8), "additive", 4), ("affine", (2, 2), "padded", 2),
+    ("affine", (8, 8), "bool", 2), ("affine", (4, 2), None, 2), ("turbo", (4, 4), "additive", 2),  # the defaults
 ])
 def test_four_warp_row_groups_match_the_oracle(method, bits, mask, groups):
     # row groups in a short cache's four-warp programs (a launch override): the groups' rescales are not
@@ -1014,7 +1036,8 @@ def test_one_warp_programs_rotate_their_walk(method, bits, warps):
 def test_query_sums_as_a_score_tile_or_a_vector(groups, tile):
     # affine keys' zero points meet Σq as an MMA-made score tile (default with row groups) or a vector
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 32768, keys_major=False)[1]["Q_SUM_TILE"]
-    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024)[1]["Q_SUM_TILE"]
+    assert _plan_options(KVQuantConfig(method="affine", bits=4), 1024)[1]["Q_SUM_TILE"]  # four-warp row groups
+    assert not _plan_options(KVQuantConfig(method="affine", bits=4), 1024, row_groups=1)[1]["Q_SUM_TILE"]
     assert not _plan_options(KVQuantConfig(method="turbo", bits=4), 32768)[1]["Q_SUM_TILE"]
     out, ref = _case("affine", 4, 2, B=2, hkv=2, g=4, L=1, S=201, D=64, mask="padded", seed=groups, num_warps=1,
                      block_n=64, num_splits=2, row_groups=groups, query_sum_tile=tile)

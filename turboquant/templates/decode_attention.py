@@ -336,6 +336,24 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     return groups
 
 
+def _four_warp_row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, num_warps: int,
+                          block_n: int) -> int:
+    """Row groups of a four-warp program (a short cache's split, :func:`_one_warp_programs`): 2 for tiles of at most
+    4 rows whose keys and values are affine 2/4/8-bit or turbo 4-bit, in blocks of a multiple of 32 keys, else 1. As in one-warp tiles
+    (:func:`_row_groups`), the 4 rows repeat down the MMA's 16 and each group takes half of the 128-key block, so
+    the softmax covers a 16 × 64 tile, not 16 × 128. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, one group →
+    two / four, same process (2026-12-06, ``benchmarks/results/session45_gpu/decode_variants_groups_*_h100.log``):
+    1K affine 8-bit 8.502 → 8.390 / 8.776, 4-bit 7.700 → 7.591 / 7.930, 2-bit 8.262 → 8.092 / 14.07, turbo 4-bit
+    10.73 → 10.35 / 10.65 (cuDNN 10.86–10.90); 512 keys 7.143 → 6.816 / 7.554, 6.476 → 6.365 / 6.954, 6.942 → 6.824
+    / 8.923, 7.947 → 7.797 / 8.207. Not turbo 2-bit: 10.84 → 11.21 at 1K, 8.969 → 9.201 at 512. Not 3-bit (two-warp
+    programs at 1K, :func:`_two_warp_programs`, or four with 64-key blocks), nor turbo 8-bit (one warp), nor tiles
+    of 5–16 rows: not timed."""
+    if num_warps != 4 or rows > 4 or block_n % 32:
+        return 1
+    grouped = all(s.bits in (2, 4, 8) if s.method == "affine" else s.bits == 4 for s in (k_spec, v_spec))
+    return 2 if grouped else 1
+
+
 def _programs_per_sm(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int, one_warp: bool) -> int:
     """Programs per multiprocessor the splits fill one wave of. 8 one-warp programs of head_dim 128
     fit an SM (215–255 registers, sm_90); at head_dim 64 2-bit affine programs take 128 registers
@@ -786,7 +804,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
             block_n, num_stages = 128, 2
             split_blocks, split_keys, num_splits = _splits(S, split_keys, block_n, False)
     if row_groups is None:
-        row_groups = _row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp else 1
+        row_groups = (_row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp
+                      else _four_warp_row_groups(k_spec, v_spec, M, num_warps, block_n))
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
