@@ -339,9 +339,9 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
 def _four_warp_row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, num_warps: int,
                           block_n: int) -> int:
     """Row groups of a four-warp program (a short cache's split, :func:`_one_warp_programs`): 2 for tiles of at most
-    4 rows whose keys and values are affine 2/4/8-bit or turbo 4-bit, in blocks of a multiple of 32 keys, else 1. As in one-warp tiles
-    (:func:`_row_groups`), the 4 rows repeat down the MMA's 16 and each group takes half of the 128-key block, so
-    the softmax covers a 16 × 64 tile, not 16 × 128. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, one group →
+    4 rows whose keys and values are affine 2/4/8-bit or turbo 4-bit, in blocks of a multiple of 32 keys, else 1.
+    As in one-warp tiles (:func:`_row_groups`), the 4 rows repeat down the MMA's 16 and each group takes half of the
+    128-key block, so the softmax covers a 16 × 64 tile, not 16 × 128. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, one group →
     two / four, same process (2026-12-06, ``benchmarks/results/session45_gpu/decode_variants_groups_*_h100.log``):
     1K affine 8-bit 8.502 → 8.390 / 8.776, 4-bit 7.700 → 7.591 / 7.930, 2-bit 8.262 → 8.092 / 14.07, turbo 4-bit
     10.73 → 10.35 / 10.65 (cuDNN 10.86–10.90); 512 keys 7.143 → 6.816 / 7.554, 6.476 → 6.365 / 6.954, 6.942 → 6.824
