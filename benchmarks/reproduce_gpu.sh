@@ -65,8 +65,9 @@ case "$part" in
     # on the H100, 39th session: a wave of 8 per SM is spread evenly); planes/rowload: the query a load a plane
     # or one load of the rows (the default but for 128-key one-warp blocks; H100, 40th session); table/fields: 2-bit
     # turbo codes looked up or read as fields in place (the default in keys-major tiles; H100, 41st session);
-    # w4/w2: short 3-bit caches in four- or two-warp programs (two at 1K since the 44th session, H100), and turbo
-    # 4-bit's four-warp 1K programs with four row groups (10.90 → 10.56 µs once on the H100, not a default)
+    # w4/w2: short 3-bit caches in four- or two-warp programs (two at 1K since the 44th session, H100); rg1: short
+    # caches' four-warp programs without their two row groups (affine 2/4/8-bit, turbo 4-bit: two since the 45th
+    # session, 1.3-3.5% faster at 1K on the H100)
     python benchmarks/decode_attention.py --contexts 32768 16384 4096 --methods affine --bits 8 4 2 \
       --variants rows:keys_major=False b128s2:block_n=128,num_stages=2 b64s3:block_n=64,num_stages=3 \
       cap8:occupancy_cap=8 planes:query_row_load=False rowload:query_row_load=True \
@@ -76,10 +77,10 @@ case "$part" in
       --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
     python benchmarks/decode_attention.py --contexts 1024 512 --bits 3 --variants w4:num_warps=4 w2:num_warps=2 \
       --out "$out/three_bit" > "$out/tiles_three_bit.log" 2>&1
-    python benchmarks/decode_attention.py --contexts 1024 --methods turbo --bits 4 --variants rg4:row_groups=4 \
-      --out "$out/turbo4_groups" > "$out/tiles_turbo4_groups.log" 2>&1
+    python benchmarks/decode_attention.py --contexts 1024 512 --bits 8 4 2 --variants rg1:row_groups=1 \
+      --out "$out/four_warp_groups" > "$out/tiles_four_warp_groups.log" 2>&1
     grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" "$out/tiles_three_bit.log" \
-      "$out/tiles_turbo4_groups.log" | cut -d'|' -f3-6,8
+      "$out/tiles_four_warp_groups.log" | cut -d'|' -f3-6,8
     ;;
   ceiling)
     python benchmarks/decode_stream_ceiling.py --out "$out" > "$out/stream_ceiling.log" 2>&1
