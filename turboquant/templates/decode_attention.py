@@ -341,13 +341,16 @@ def _four_warp_row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows
     """Row groups of a four-warp program (a short cache's split, :func:`_one_warp_programs`): 2 for tiles of at most
     4 rows whose keys and values are affine 2/4/8-bit or turbo 4-bit, in blocks of a multiple of 32 keys, else 1.
     As in one-warp tiles (:func:`_row_groups`), the 4 rows repeat down the MMA's 16 and each group takes half of the
-    128-key block, so the softmax covers a 16 × 64 tile, not 16 × 128. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, one group →
-    two / four, same process (2026-12-06, ``benchmarks/results/session45_gpu/decode_variants_groups_*_h100.log``):
-    1K affine 8-bit 8.502 → 8.390 / 8.776, 4-bit 7.700 → 7.591 / 7.930, 2-bit 8.262 → 8.092 / 14.07, turbo 4-bit
-    10.73 → 10.35 / 10.65 (cuDNN 10.86–10.90); 512 keys 7.143 → 6.816 / 7.554, 6.476 → 6.365 / 6.954, 6.942 → 6.824
-    / 8.923, 7.947 → 7.797 / 8.207. Not turbo 2-bit: 10.84 → 11.21 at 1K, 8.969 → 9.201 at 512. Not 3-bit (two-warp
-    programs at 1K, :func:`_two_warp_programs`, or four with 64-key blocks), nor turbo 8-bit (one warp), nor tiles
-    of 5–16 rows: not timed."""
+    128-key block, so the softmax covers a 16 × 64 tile, not 16 × 128. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    µs, one group → two / four, same process (2026-12-06,
+    ``benchmarks/results/session45_gpu/decode_variants_groups_*_h100.log``): 1K affine 8-bit 8.502 → 8.390 / 8.776,
+    4-bit 7.700 → 7.591 / 7.930, 2-bit 8.262 → 8.092 / 14.07, turbo 4-bit 10.73 → 10.35 / 10.65 (cuDNN 10.86–10.90);
+    512 keys 7.143 → 6.816 / 7.554, 6.476 → 6.365 / 6.954, 6.942 → 6.824 / 8.923, 7.947 → 7.797 / 8.207; with two the
+    default, against one (``decode_variants_groups_default_*_h100.log``): 1K 8.272 / 7.530 / 8.080 / 10.36 against
+    8.529 / 7.674 / 8.248 / 10.60. Not turbo 2-bit: 10.84 → 11.21 at 1K, 8.969 → 9.201 at 512. Not 3-bit (two-warp
+    programs at 1K, :func:`_two_warp_programs`, where groups ran slower, or four with 64-key blocks), nor turbo 8-bit
+    (one warp), nor tiles of 5–16 rows: not timed. Host-bound single splits (four warps, any length) take them
+    untimed."""
     if num_warps != 4 or rows > 4 or block_n % 32:
         return 1
     grouped = all(s.bits in (2, 4, 8) if s.method == "affine" else s.bits == 4 for s in (k_spec, v_spec))
