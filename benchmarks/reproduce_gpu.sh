@@ -77,8 +77,10 @@ case "$part" in
       --out "$out/turbo" > "$out/tiles_turbo.log" 2>&1
     python benchmarks/decode_attention.py --contexts 1024 512 --bits 3 --variants w4:num_warps=4 w2:num_warps=2 \
       --out "$out/three_bit" > "$out/tiles_three_bit.log" 2>&1
-    python benchmarks/decode_attention.py --contexts 1024 512 --bits 8 4 2 --variants rg1:row_groups=1 \
-      --out "$out/four_warp_groups" > "$out/tiles_four_warp_groups.log" 2>&1
+    python benchmarks/decode_attention.py --contexts 1024 512 --methods affine --bits 8 4 2 \
+      --variants rg1:row_groups=1 --out "$out/four_warp_groups" > "$out/tiles_four_warp_groups.log" 2>&1
+    python benchmarks/decode_attention.py --contexts 1024 512 --methods turbo --bits 4 --variants rg1:row_groups=1 \
+      --out "$out/four_warp_groups_turbo" >> "$out/tiles_four_warp_groups.log" 2>&1
     grep -hE '^\|' "$out/tiles_affine.log" "$out/tiles_turbo.log" "$out/tiles_three_bit.log" \
       "$out/tiles_four_warp_groups.log" | cut -d'|' -f3-6,8
     ;;
