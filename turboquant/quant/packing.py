@@ -77,8 +77,7 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes.reshape(*p.shape[:-1], n).to(torch.uint8)
 
 
-@functools.lru_cache(maxsize=None)
-def _source_table(bits: int) -> tuple:
+def _build_source_table(bits: int) -> tuple:
     """``table[k][i] = (t, shift)``: slot ``i`` of byte plane ``k`` is code ``t`` of its block,
     shifted by ``shift`` (negative: the high bits of a code that straddles into the byte; 8: none)."""
     if bits != 3:
@@ -86,6 +85,15 @@ def _source_table(bits: int) -> tuple:
     planes = [[(t, 3 * t - 8 * k) for t in range(8) if -3 < 3 * t - 8 * k < 8] for k in range(3)]
     slots = max(len(p) for p in planes)
     return tuple(tuple(p + [(p[-1][0], 8)] * (slots - len(p))) for p in planes)
+
+
+# built at import, not behind an lru_cache: Dynamo traces the packing of a compiled cache write, and a call
+# to an lru_cache-wrapped function there warns ("Silent incorrectness is only a potential risk") on every compile
+_SOURCE_TABLES = {bits: _build_source_table(bits) for bits in CODES_PER_BLOCK}
+
+
+def _source_table(bits: int) -> tuple:
+    return _SOURCE_TABLES[bits]
 
 
 def byte_sources(x: torch.Tensor, bits: int) -> list:
