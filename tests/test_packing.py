@@ -65,11 +65,11 @@ def test_byte_sources_pack_like_pack_codes(bits, lead, blocks, seed):
     assert torch.equal(pack_sources(slots, bits), pack_codes(codes, bits))
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("bits", BITS)
 def test_compiled_packing_traces_without_warnings(bits):
     """Dynamo traces the fused packing of a compiled cache write: no lru_cache-wrapped call inside it (Dynamo
     warns of a possible silent incorrectness on every compile), and the same bytes as eager."""
-    torch._dynamo.reset()
     codes = torch.randint(0, 1 << bits, (2, 3, 32), generator=torch.Generator().manual_seed(bits), dtype=torch.int32)
 
     def pack(c):
