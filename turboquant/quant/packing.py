@@ -77,7 +77,7 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes.reshape(*p.shape[:-1], n).to(torch.uint8)
 
 
-def _build_source_table(bits: int) -> tuple:
+def _source_table(bits: int) -> tuple:
     """``table[k][i] = (t, shift)``: slot ``i`` of byte plane ``k`` is code ``t`` of its block,
     shifted by ``shift`` (negative: the high bits of a code that straddles into the byte; 8: none)."""
     if bits != 3:
@@ -89,11 +89,7 @@ def _build_source_table(bits: int) -> tuple:
 
 # built at import, not behind an lru_cache: Dynamo traces the packing of a compiled cache write, and a call
 # to an lru_cache-wrapped function there warns ("Silent incorrectness is only a potential risk") on every compile
-_SOURCE_TABLES = {bits: _build_source_table(bits) for bits in CODES_PER_BLOCK}
-
-
-def _source_table(bits: int) -> tuple:
-    return _SOURCE_TABLES[bits]
+_SOURCE_TABLES = {bits: _source_table(bits) for bits in CODES_PER_BLOCK}
 
 
 def byte_sources(x: torch.Tensor, bits: int) -> list:
@@ -112,7 +108,7 @@ def byte_sources(x: torch.Tensor, bits: int) -> list:
     n = x.shape[-1]
     _check(bits, n)
     blocks = x.reshape(*x.shape[:-1], n // CODES_PER_BLOCK[bits], CODES_PER_BLOCK[bits])
-    table = _source_table(bits)
+    table = _SOURCE_TABLES[bits]
     plane = torch.arange(len(table), device=x.device)[:, None]
     slots = []
     for i in range(len(table[0])):
@@ -129,7 +125,7 @@ def slot_owners(bits: int, device=None) -> list:
     code's lowest bit into that byte plane. Each element owns exactly one slot entry (3-bit codes
     that straddle two bytes and the padding of short planes appear twice), so a sum over the
     slots masked by their owners visits every element once."""
-    table = _source_table(bits)
+    table = _SOURCE_TABLES[bits]
     plane = torch.arange(len(table), device=device)[:, None]  # a select over planes: no tensor constant
     owners = []
     for i in range(len(table[0])):
@@ -151,7 +147,7 @@ def pack_sources(codes: list, bits: int) -> torch.Tensor:
     with a shift table per slot, read for both directions, a row's packing read 12 buffers, past the 8
     after which Inductor stores a GPU node's value rather than inline it into its users (and 31 ops, past
     its 30), and the cache store became a kernel of its own (turbo-3 on an H100, 2026-12-05)."""
-    table = _source_table(bits)
+    table = _SOURCE_TABLES[bits]
     packed = functools.reduce(torch.bitwise_or, [c << (bits * i) if i else c for i, c in enumerate(codes)])
     if len(table) > 1:
         plane = torch.arange(len(table), device=packed.device, dtype=torch.int32)[:, None]
