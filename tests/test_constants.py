@@ -41,11 +41,13 @@ def test_kernel_centroids_are_the_fp32_centroids_rounded_to_fp16():
 
 def test_centroids_are_fp16_numbers_in_every_dtype():
     # the kernels' fp16 table and the float64 oracle hold the same numbers: the Lloyd–Max levels
-    # rounded to fp16, or (8 bits) the level polynomial's fp16 values (tests/test_turbo.py)
-    for d, bits in ((128, 3), (80, 3), (96, 4), (128, 8), (80, 8)):
+    # rounded to fp16, or (POLYNOMIAL_LEVELS) the level polynomial's fp16 values (tests/test_turbo.py)
+    from turboquant.quant.turbo import POLYNOMIAL_LEVELS
+
+    for d, bits in ((128, 2), (80, 2), (128, 3), (80, 3), (96, 4), (128, 8), (80, 8)):
         levels = lloyd_max_codebook(d, bits).double() / d ** 0.5
         want = turbo_centroids(d, bits).to(torch.float16)
-        if bits <= 4:
+        if bits not in POLYNOMIAL_LEVELS:
             assert torch.equal(want, levels.to(torch.float16))
             assert 0 < float(((want.double() - levels) / levels).abs().max()) <= 2 ** -11
         for dtype in (torch.float16, torch.float32, torch.float64):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
 from turboquant.quant.affine import metadata_word
+from turboquant.quant.turbo import POLYNOMIAL_LEVELS
 from turboquant.testing import KERNEL_REL_TOL
 
 pytest.importorskip("triton")
@@ -262,7 +263,7 @@ def test_property(method, k_bits, v_bits, g, L, S, seed, meta_words, D):
 
 
 def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> list:
-    """The 32-bit instructions of ``asm`` (``and``/``or``/``shr``/``mov``/``mul.lo``/``mad.lo``,
+    """The 32-bit instructions of ``asm`` (``and``/``or``/``shr``/``shl``/``lop3``/``mov``/``mul.lo``/``mad.lo``,
     ``fma.rn``/``mul.rn`` on ``f16x2``, default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte, ``%laneid`` and
     ``shfl.sync.idx`` with a clamp of 31, which reads bits 0–4 of its lane operand) on ``inputs``
     (``$first_input``, …), in each of ``lanes`` lanes of a warp; returns ``$0`` and ``$1``, a value
@@ -294,13 +295,21 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
         h = v.astype(np.float16).view(np.uint16)
         return int(h[0]) | int(h[1]) << 16
 
+    def lop3(a, b, c, lut):  # bit i of the result: bit (a_i b_i c_i) of lut, a the high index bit
+        out = 0
+        for i in range(8):
+            if lut >> i & 1:
+                out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+        return out
+
     ops = {"and.b32": lambda x: x[0] & x[1], "or.b32": lambda x: x[0] | x[1], "shr.b32": lambda x: x[0] >> x[1],
+           "shl.b32": lambda x: x[0] << x[1], "lop3.b32": lambda x: lop3(*x),
            "mov.b32": lambda x: x[0], "mov.u32": lambda x: x[0], "mul.lo.u32": lambda x: x[0] * x[1],
            "mad.lo.u32": lambda x: x[0] * x[1] + x[2], "prmt.b32": lambda x: prmt(*x),
            # products of fp16 numbers and their sums with a third are exact in float64
            "fma.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]) + halves(x[2])),
            "mul.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]))}
-    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|mad\.lo\.u32|"
+    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|shl\.b32|lop3\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|mad\.lo\.u32|"
                                    r"prmt\.b32|shfl\.sync\.idx\.b32|fma\.rn\.f16x2|mul\.rn\.f16x2)\s+([^;]+);", asm):
         d, *src = [x.strip() for x in operands.split(",")]
         x = [value(v) for v in src]
@@ -373,62 +382,83 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
             assert got == [[table[c] for c in lane] for lane in codes], s
 
 
+@pytest.mark.parametrize("bits", [3, 4, 8])
 @pytest.mark.parametrize("D", [64, 80, 128, 256])
-def test_polynomial_levels_ptx_gives_the_fp16_levels(D):
-    """The PTX of the 8-bit level polynomial (GPU only) against the table: every code of both planes
-    (bytes 0 and 1 of two int16 row words) becomes the fp16 bits of its level, whatever the other byte."""
+def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
+    """The PTX of the level polynomial (GPU only) against the table: every code of every plane becomes the
+    fp16 bits of its level, whatever the bits beside its field. 4/8-bit: two int16 row words; 3-bit: four
+    bytes of each of the three byte planes."""
     from turboquant.templates import decode_attention as da
 
-    spec = KVQuantConfig(method="turbo", bits=8).spec("k")
+    spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
     lut = da._lut_constexpr(spec, D, True, None, None, None)
-    assert lut == f"poly:{co._polynomial_words(spec, D)}" and len(lut.split(",")) == 4
-    table = [b & 0xFFFF for b in co._centroids_fp16(D, 8).view(torch.int16).tolist()]
-    gen = torch.Generator().manual_seed(D)
-    for s in range(co._planes(8, D)):
-        asm = co._polynomial_asm.fn(lut, s)
-        for k in range(0, 256, 2):
-            other = torch.randint(0, 256, (2,), generator=gen).tolist()
-            w = [(k << 8 * s) | (other[0] << 8 * (1 - s)), ((k + 1) << 8 * s) | (other[1] << 8 * (1 - s))]
-            out = _run_ptx(asm, [w[0] | w[1] << 16], first_input=1)[0]
-            assert [out & 0xFFFF, out >> 16] == [table[k], table[k + 1]], (s, k)
+    assert lut == f"poly:{co._polynomial_words(spec, D)}"
+    assert len(lut.split(",")) == (POLYNOMIAL_LEVELS[bits] + 1) // 2
+    table = [b & 0xFFFF for b in co._centroids_fp16(D, bits).view(torch.int16).tolist()]
+    gen = torch.Generator().manual_seed(bits * D)
+    n = 1 << bits
+    for s in range(co._planes(bits, D * bits // 8)):
+        asm = co._polynomial_asm.fn(bits, lut, s)
+        if bits == 3:  # every code in each of the four bytes, random bits around it
+            codes = torch.stack([torch.arange(8).roll(k) for k in range(4)], 1)  # [8 codes, 4 bytes]
+            words = torch.randint(0, 1 << 24, (8, 4), generator=gen)
+            words = (words & ~(7 << 3 * s)) | codes << 3 * s  # the 24-bit word of dims 8t … 8t + 7
+            planes = [[sum(((w >> 8 * p) & 0xFF) << 8 * k for k, w in enumerate(row)) for row in words.tolist()]
+                      for p in range(3)]
+            lo = (3 * s) // 8
+            for r in range(8):
+                regs = [planes[lo][r]] + ([planes[lo + 1][r]] if co._field3_shift.fn(s) > 5 else [])
+                out = _run_ptx(asm, regs)
+                got = [o >> (16 * h) & 0xFFFF for o in out for h in range(2)]
+                assert got == [table[c] for c in codes[r].tolist()], (s, codes[r])
+        else:
+            for k in range(0, n, 2):
+                other = torch.randint(0, 1 << 16, (2,), generator=gen).tolist()
+                field = (n - 1) << bits * s
+                w = [(other[0] & ~field) | k << bits * s, (other[1] & ~field) | (k + 1) << bits * s]
+                out = _run_ptx(asm, [w[0] | w[1] << 16], first_input=1)[0]
+                assert [out & 0xFFFF, out >> 16] == [table[k], table[k + 1]], (s, k)
 
 
 def test_lookup_defaults_where_they_were_faster():
-    # by default: 3- and 4-bit turbo codes by warp shuffles at every length, 2-bit ones by byte permutes
-    # in four-warp programs (short caches) and as fields in place, no lookup, in keys-major one-warp tiles
-    # (their levels are linear in the code's bits); without the shuffles, 3-bit codes take the permutes in
-    # four-warp programs and 4-bit ones the gather; never 8-bit (256 entries) nor affine (no table)
-
-    # 8-bit levels come from their polynomial unless polynomial_levels=False (then the gather)
+    # by default: 3-, 4- and 8-bit turbo levels computed from the code (their level polynomial) at every length,
+    # 2-bit codes by byte permutes in four-warp programs (short caches) and as fields in place, no lookup, in
+    # keys-major one-warp tiles (their levels are linear in the code's bits). With polynomial_levels=False, 3- and
+    # 4-bit codes take warp shuffles, and without those 3-bit codes take the permutes in four-warp programs and
+    # 4-bit ones the gather; 8-bit ones the gather (256 entries). Affine reads no table.
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
-        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits == 8 else ""
+        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits != 2 else ""
         words = co._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
             assert one_warp == ((S == 4096 and bits in (2, 3, 4)) or bits == 8)
-            kind = {2: "prmt", 3: "shfl", 4: "shfl", 8: ""}[bits]
             if bits == 2 and one_warp:
                 assert default["K_LUT"] == default["V_LUT"] == f"lin:{co._linear_level_words(cfg.spec('k'), 128)}"
             else:
-                assert default["K_LUT"] == default["V_LUT"] == (f"{kind}:{words}" if kind else poly), (bits, S)
-            looked_up = dict(linear_levels=False)
+                assert default["K_LUT"] == default["V_LUT"] == (poly or f"prmt:{words}"), (bits, S)
+            looked_up = dict(linear_levels=False, polynomial_levels=False)
+            shfl = _plan_options(cfg, S, **looked_up)[1]["K_LUT"]
+            assert shfl == {2: f"prmt:{words}", 3: f"shfl:{words}", 4: f"shfl:{words}", 8: ""}[bits], (bits, S)
             no_shfl = _plan_options(cfg, S, shuffle_lut=False, **looked_up)[1]["K_LUT"]
-            assert (no_shfl != "") == (bits in (2, 8) or (bits == 3 and not one_warp)), (bits, S)
+            assert (no_shfl != "") == (bits == 2 or (bits == 3 and not one_warp)), (bits, S)
             for flag, kind in ((True, "shfl"), (False, "prmt")):
                 on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True, **looked_up)[1]
-                assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else poly)
-            off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, **looked_up)[1]
+                assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else "")
+                computed = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True, linear_levels=False)[1]
+                assert computed["K_LUT"] == (poly or f"{kind}:{words}")
+            off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, linear_levels=False)[1]
             assert off["K_LUT"] == off["V_LUT"] == poly
-            gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, polynomial_levels=False,
-                                   **looked_up)[1]
+            gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, **looked_up)[1]
             assert gather["K_LUT"] == gather["V_LUT"] == ""
             # linear_levels=True reads 2-bit codes as fields in place in any program, and nothing else changes
             forced = _plan_options(cfg, S, linear_levels=True)[1]
             assert forced["K_LUT"].startswith("lin:") == (bits == 2), (bits, S)
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
     assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("prmt:")  # 8-bit keys: row-major
+    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=3, v_bits=4), 4096)[1]
+    assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("poly:")
     # 2-bit codes as fields in keys-major tiles only: not row-major ones (head_dim 64, or set)
     two = KVQuantConfig(method="turbo", bits=2)
     assert _plan_options(two, 4096, keys_major=True)[1]["K_LUT"].startswith("lin:")

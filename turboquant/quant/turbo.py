@@ -6,8 +6,8 @@ For a head vector ``x`` of ``d`` elements:
 * ``z = (x / n) @ R.T · √d`` (``R`` from :mod:`.rotation`), whose coordinates are close to
   standard normal whatever ``x`` was;
 * each coordinate is replaced by the index of its nearest Lloyd–Max centroid
-  (:mod:`.codebooks`; ties go to the lower code) — at 8 bits the nearest value of an odd
-  polynomial in the code fit to them (:data:`POLYNOMIAL_LEVELS`);
+  (:mod:`.codebooks`; ties go to the lower code) — at 3, 4 and 8 bits the nearest value of an
+  odd polynomial in the code fit to them (:data:`POLYNOMIAL_LEVELS`);
 * decode: ``x̂ = n · (centroid[codes] / √d) @ R``.
 
 Non-finite elements are quantized as if they were 0 (before the norm and the rotation,
@@ -33,12 +33,16 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
            "turbo_codebook_mse", "level_polynomial", "POLYNOMIAL_LEVELS"]
 
 # bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code
-# (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level in eight
-# instructions per two codes (six of them fp16x2 arithmetic); a table of 256 levels was a shared-memory
-# gather per code, which held turbo 8-bit decode attention at 0.45–0.65× bf16's speed on the H200
-# (1.20× at 32K computed; benchmarks/RESULTS.md). Degree 7: MSE 1.04–1.05× Lloyd–Max's at head_dim
-# 64–256 (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×).
-POLYNOMIAL_LEVELS = {8: 7}
+# (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level from the code in
+# a few fp16x2 instructions per two codes (:func:`~turboquant.templates.code_operands._polynomial_asm`)
+# where it looked the level up: a table of 256 levels was a shared-memory gather per code, which held turbo
+# 8-bit decode attention at 0.45–0.65× bf16's speed on the H200 (1.20× at 32K computed; benchmarks/RESULTS.md);
+# 3/4-bit tables were a warp shuffle per code, whose latency held their loops (ncu, H100, 32K: a third of the
+# stall samples short-scoreboard waits on the shuffles; forty-sixth session). MSE over Lloyd–Max's at head_dim
+# 64–256: 8-bit degree 7 1.04–1.05× (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×); 4-bit degree 3
+# 1.017–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
+# 1.19–1.21×); 3-bit degree 3 1.0018–1.0021× (degree 1: 1.076–1.082×).
+POLYNOMIAL_LEVELS = {3: 3, 4: 3, 8: 7}
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:

@@ -7,9 +7,9 @@ A 2/4/8-bit field masked in place inside its byte, read as fp16 bits, is the fp1
 operands, with no offset to fold away and no shift for the fields of the low byte; the field's
 place value (:func:`_field_unit`) is folded into the query (keys) or the output (values). 3-bit
 fields are in place likewise, in 16-bit lanes a byte plane makes with the next one. Turbo codes
-become their levels: centroid lookups (warp shuffles from a table held one entry per lane, byte
-permutes from a table in the instructions, or a gather) and 8-bit's level polynomial, as PTX the
-kernel inlines; the interpreter runs the same arithmetic in plain Triton. 2-bit turbo levels are
+become their levels: 3/4/8-bit's level polynomial computed from the code, or centroid lookups (warp
+shuffles from a table held one entry per lane, byte permutes from a table in the instructions, or a
+gather), as PTX the kernel inlines; the interpreter gathers the same numbers from the table. 2-bit turbo levels are
 linear in the code's bits (:func:`_linear_level_words`): such codes are fields in place as affine
 ones, with their low bits a second operand.
 """
@@ -246,19 +246,16 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     place (and 2-bit turbo ones with ``"lin"``, :func:`_linear_level_words`)."""
     if TURBO and _lut_kind(LUT) == "lin":  # levels linear in the code's bits: the field in place, as affine
         vals = _field_values(b0, S, BITS, USE_ASM)
-    elif TURBO and USE_ASM and _lut_kind(LUT) == "shfl":
-        SHFL: tl.constexpr = _shuffle_lut_asm(BITS, LUT, S)
+    elif TURBO and USE_ASM and (_lut_kind(LUT) == "shfl" or _lut_kind(LUT) == "poly"):
+        CODE_ASM: tl.constexpr = _code_level_asm(BITS, LUT, S)
         if BITS != 3:
-            vals = tl.inline_asm_elementwise(SHFL, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
         elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
             lo, hi = _field3_bytes(b0, b1, b2, S)
-            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
+            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
         else:
             lo, hi = _field3_bytes(b0, b1, b2, S)
-            vals = tl.inline_asm_elementwise(SHFL, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
-    elif TURBO and USE_ASM and _lut_kind(LUT) == "poly":
-        POLY: tl.constexpr = _polynomial_asm(LUT, S)
-        vals = tl.inline_asm_elementwise(POLY, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,=r,r", [lo], dtype=tl.float16, is_pure=True, pack=4)
     elif TURBO and USE_ASM and LUT != "":
         ASM: tl.constexpr = _register_lut_asm(BITS, LUT, S)
         src = _field3_lanes(b0, b1, b2, S, USE_ASM) if BITS == 3 else b0
@@ -270,6 +267,13 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     else:
         vals = _field_values(b0, S, BITS, USE_ASM)
     return vals
+
+
+@triton.constexpr_function
+def _code_level_asm(bits, lut, s):
+    """The PTX that makes plane ``s``'s codes their levels for a ``"shfl"`` or ``"poly"`` lookup: the same
+    operands and results (:func:`_shuffle_lut_asm`, :func:`_polynomial_asm`)."""
+    return _shuffle_lut_asm(bits, lut, s) if _lut_kind(lut) == "shfl" else _polynomial_asm(bits, lut, s)
 
 
 @triton.constexpr_function
@@ -353,24 +357,74 @@ def _shuffle_lut_asm(bits, lut, s):
 
 
 @triton.constexpr_function
-def _polynomial_asm(lut, s):
-    """PTX for two 8-bit turbo codes to their fp16 levels computed from the code
-    (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`): ``$1`` two int16 row words, plane ``s``'s code
-    in byte ``s`` of each; ``$0`` the two levels. A permute puts each code ``k`` in the low byte of a
-    half and ``x·2 + 0x6401`` makes the half the fp16 number ``1025 + 2k``; ``u = x/256 − 5 =
-    (2k + 1)/256 − 1`` (exact), ``w = u·u``, Horner's rule over ``w`` from the top coefficient (one
-    ``fma`` each), times ``u``: the operations and roundings of :func:`~turboquant.quant.turbo._polynomial_levels`,
-    whose values the table holds (``.rn``: ptxas keeps every rounding). Eight instructions per two
-    codes, no memory: the 256-entry table was a shared-memory gather per code (:func:`_lookup`)."""
+def _polynomial_asm(bits, lut, s):
+    """PTX for turbo codes to their fp16 levels computed from the code
+    (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`). 4/8-bit (pack 2): ``$1`` two int16 row words, plane
+    ``s``'s code at bit ``bits · s`` of each; ``$0`` their two levels. 3-bit (pack 4): ``$2`` four bytes of the
+    byte plane that holds plane ``s``'s low bits, the field at bit ``3s mod 8``; where it straddles into the next
+    byte plane, ``$3`` that plane's four bytes; ``$0``, ``$1`` the four levels.
+
+    Each code ``k`` becomes the fp16 number ``x = 1024 + 2^(a−1)·(2k + 1)``: the code in the mantissa at bit
+    ``a ≥ 1``, the half bit below it, the exponent of 1024 above. 8-bit: a permute (byte ``s`` to the low byte of
+    each half) and ``x·2 + 0x6401``. 4-bit: a shift puts two planes' fields at bits 1 and 5 (``shl 1`` for
+    planes 0 and 1, ``shr 7`` for 2 and 3: ptxas shares each between two planes), then one ``lop3`` keeps the
+    field and sets the rest. 3-bit: one ``lop3`` (``mad`` and an AND at bit 0) on four bytes, and a permute per
+    two codes that puts them in 16-bit lanes under the exponent's byte (two permutes, then a ``lop3`` each,
+    for a field that straddles two bytes). Then ``u = x·2^(1−a−bits) − (2^(11−a−bits) + 1) = (2k + 1)/2^bits −
+    1`` (exact: both constants are fp16 numbers, and so is the result), ``w = u·u``, Horner's rule over ``w``
+    from the top coefficient (one ``fma`` each), times ``u``: the operations and roundings of
+    :func:`~turboquant.quant.turbo._polynomial_levels`, whose values the table holds (``.rn``: ptxas keeps every
+    rounding). No memory, no shuffle: 8-bit's 256-entry table was a shared-memory gather per code
+    (:func:`_lookup`), 3/4-bit tables a warp shuffle per code (:func:`_shuffle_lut_asm`)."""
+    bits, s = int(bits), int(s)
     coefs = [int(x, 16) for x in _lut_words(lut).split(",")]
     regs = "".join(f", c{i}" for i in range(len(coefs)))
-    sel = 0x4040 | (2 + int(s)) << 8 | int(s)  # byte s of each word to the low byte of its half, zero above
-    asm = "{ .reg .b32 x, u, w, p, k" + regs + "; " + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs))
-    asm += (f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; mov.b32 w, 0x1C001C00; "
-            "mov.b32 k, 0xC500C500; fma.rn.f16x2 u, x, w, k; mul.rn.f16x2 w, u, u; ")
+    asm = ("{ .reg .b32 x, y, t, u, w, p, k, e" + regs + "; "
+           + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs)))
+    srcs, outs = ["x"], ["$0"]
+    if bits == 8:
+        at = 1
+        sel = 0x4040 | (2 + s) << 8 | s  # byte s of each word to the low byte of its half, zero above
+        asm += f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; "
+    elif bits == 3:
+        pos = _field3_shift(s)
+        at = max(pos, 1)
+        mask, magic = 7 << pos, 0x6400 | 1 << (at - 1)
+        srcs, outs = ["x", "y"], ["$0", "$1"]
+        if pos > 5:  # 16-bit lanes: the byte, the next plane's byte above it
+            asm += (f"prmt.b32 x, $2, $3, 0x5140; prmt.b32 y, $2, $3, 0x7362; mov.b32 k, {magic * 0x10001:#010x}; "
+                    f"lop3.b32 x, x, {mask * 0x10001:#010x}, k, 0xEA; lop3.b32 y, y, {mask * 0x10001:#010x}, k, 0xEA; ")
+        else:  # fields and half bits in four bytes, then each byte under the exponent's
+            if pos == 0:
+                asm += "and.b32 t, $2, 0x07070707; mad.lo.u32 t, t, 2, 0x01010101; "
+            else:
+                asm += (f"mov.b32 k, {(magic & 0xFF) * 0x01010101:#010x}; "
+                        f"lop3.b32 t, $2, {mask * 0x01010101:#010x}, k, 0xEA; ")
+            asm += "mov.b32 e, 0x64646464; prmt.b32 x, t, e, 0x4140; prmt.b32 y, t, e, 0x4342; "
+    else:
+        per_shift = (9 - bits) // bits + 1  # fields that fit at bits 1, 1 + bits, … of the mantissa (0–9)
+        at = 1 + bits * (s % per_shift)
+        shift = bits * s - at
+        asm += "shl.b32 x, $1, 1; " if shift == -1 else f"shr.b32 x, $1, {shift}; " if shift else "mov.b32 x, $1; "
+        asm += (f"mov.b32 k, {(0x6400 | 1 << (at - 1)) * 0x10001:#010x}; "
+                f"lop3.b32 x, x, {(((1 << bits) - 1) << at) * 0x10001:#010x}, k, 0xEA; ")
+    scale, offset = _fp16x2_word(2.0 ** (1 - at - bits)), _fp16x2_word(-(2.0 ** (11 - at - bits) + 1))
+    asm += f"mov.b32 w, {scale:#010x}; mov.b32 k, {offset:#010x}; "
     top = len(coefs) - 1
-    horner = "".join(f"fma.rn.f16x2 p, p, w, c{i}; " for i in reversed(range(top)))
-    return asm + f"mov.b32 p, c{top}; " + horner + "mul.rn.f16x2 $0, p, u; }"
+    for src, out in zip(srcs, outs):
+        asm += (f"fma.rn.f16x2 u, {src}, w, k; mul.rn.f16x2 t, u, u; mov.b32 p, c{top}; "
+                + "".join(f"fma.rn.f16x2 p, p, t, c{i}; " for i in reversed(range(top))) + f"mul.rn.f16x2 {out}, p, u; ")
+    return asm + "}"
+
+
+@triton.constexpr_function
+def _fp16x2_word(value):
+    """An fp16 number (exact) in both halves of a word."""
+    import struct
+
+    bits = struct.unpack("<H", struct.pack("<e", float(value)))[0]
+    assert struct.unpack("<e", struct.pack("<H", bits))[0] == float(value), value
+    return bits * 0x10001
 
 
 def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:

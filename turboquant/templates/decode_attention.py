@@ -14,11 +14,10 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
   zero point comes off once at the end, ``acc −= Σ_j p_j s_j z_j``;
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
-* turbo: codes index the 2^b centroids (3/4-bit: warp shuffles from a table held one entry per
-  lane; 2-bit: byte permutes from a table in the instructions, or in keys-major tiles no lookup:
-  four symmetric levels are linear in the code's bits, ``α·(c + γ·l − z)``, so the field in place
-  and its low bit are MMA operands as affine codes are; 8-bit levels are a polynomial's
-  values, computed from the code); ``q`` is rotated and the output
+* turbo: codes become their levels (3/4/8-bit levels are a polynomial's values, computed from the
+  code in fp16x2 arithmetic; 2-bit: byte permutes from a table in the instructions, or in keys-major
+  tiles no lookup: four symmetric levels are linear in the code's bits, ``α·(c + γ·l − z)``, so the
+  field in place and its low bit are MMA operands as affine codes are); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs on fp32 hi/lo halves; for a power-of-two head_dim the
   Hadamard rotation is made plane by plane from indices, or on long 8-bit splits read as ``√d · R``,
   exact ±1 in fp16; other head dims read ``R``), norms scale the scores and the probabilities. Every
@@ -115,8 +114,15 @@ MAX_PADDED_SHARED = 49152
 
 
 def _computed_levels(spec: TensorQuantSpec) -> bool:
-    """Whether a spec's levels are a polynomial's values, which the kernel can compute from the code
-    (:func:`~.code_operands._polynomial_asm`; turbo 8-bit) rather than look up."""
+    """Whether a spec's levels are a polynomial's values, which the kernel computes from the code
+    (:func:`~.code_operands._polynomial_asm`; turbo 3/4/8-bit) rather than look up, by default. H200, B=8, Hq=32,
+    Hkv=8, D=128, CUDA graph µs, shuffle lookups (:func:`_shuffle_lut`) → computed, same codes, same process
+    (2026-12-06, ``benchmarks/results/session47_gpu/decode_variants_poly_vs_shfl_h200.log``): turbo 4-bit 32K
+    130.6 → 118.3, 16K 71.17 → 66.13, 4K 23.30 → 22.64, 1K 10.44 → 9.892; turbo 3-bit 157.7 → 141.4, 84.17 →
+    76.09, 28.58 → 26.72, 11.20 → 11.06. sm_90 SASS of the loop at 32K (``benchmarks/decode_sass.py turbo BITS``
+    with and without ``--no-polynomial-levels``), warp instructions per key: 4-bit 26.39 → 29.11, 3-bit 32.23 →
+    34.23: more instructions, but fixed-latency fp16x2 arithmetic where each shuffle's result was a
+    short-scoreboard wait (a third of the 4-bit loop's stall samples, ncu, H100)."""
     return spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS
 
 
@@ -159,7 +165,8 @@ def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool) -> bool:
 
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
     """Whether a gathering spec's (:func:`_gathers`) codes are looked up by warp shuffles from a table
-    register (:func:`~.code_operands._shuffle_lut_asm`) by default; where on, it takes precedence over
+    register (:func:`~.code_operands._shuffle_lut_asm`) by default where their levels are not computed
+    (:func:`_computed_levels`; ``polynomial_levels=False``); where on, it takes precedence over
     :func:`_register_lut`. sm_90 SASS of the loop, warp instructions per key (``benchmarks/decode_sass.py
     turbo BITS [--S 1024] --shuffle-lut``), default → shuffles: one-warp turbo 4-bit 44.2 → 30.9, 3-bit
     49.7 → 36.8, 2-bit 29.3 → 29.9 (against the byte permutes); four-warp (1K) 4-bit 14.4 → 9.4 per warp
@@ -176,14 +183,15 @@ def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: O
                    linear_levels: Optional[bool] = None, keys_major: bool = False) -> str:
     """The kernel's ``K_LUT``/``V_LUT`` for a spec (:func:`~.code_operands._lut_kind`): no lookup where the levels
     are linear in the code's bits (2-bit turbo: :func:`_linear_levels`, or as ``linear_levels`` says); else the
-    lookup the overrides or the defaults (:func:`_shuffle_lut`, then :func:`_register_lut`) pick for a gathering
-    spec, with its table words; the level polynomial for a polynomial one (:func:`~.code_operands._polynomial_asm`,
-    unless ``polynomial_levels`` is False: then the table's gather)."""
+    lookup the overrides or the defaults pick: the level polynomial for a polynomial spec
+    (:func:`~.code_operands._polynomial_asm`) unless ``polynomial_levels`` is False; then, or for a gathering spec
+    whose levels are not a polynomial's, :func:`_shuffle_lut`'s or :func:`_register_lut`'s lookup with its table
+    words, or the gather (``""``; 8-bit's always)."""
     words = _linear_level_words(spec, d)
     if words is not None and (_linear_levels(spec, d, keys_major) if linear_levels is None else linear_levels):
         return f"lin:{words}"
-    if _computed_levels(spec):
-        return "" if polynomial_levels is False else f"poly:{_polynomial_words(spec, d)}"
+    if _computed_levels(spec) and polynomial_levels is not False:
+        return f"poly:{_polynomial_words(spec, d)}"
     if not _gathers(spec):
         return ""
     if _shuffle_lut(spec) if shuffle_lut is None else shuffle_lut:
@@ -266,7 +274,7 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
     entries is shuffles and selects, not a shared-memory load). A tile of more than 16 rows (5–8 query
     positions) keeps four warps: its accumulators would not fit one warp's registers."""
-    computed = [_computed_levels(s) for s in (k_spec, v_spec)]
+    computed = [_turbo8(s) for s in (k_spec, v_spec)]
     if rows > 16 or (any(computed) and not polynomial_levels):
         return False
     return all(computed) or S >= LONG_CACHE_KEYS
@@ -913,7 +921,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``rotate_blocks``: whether each program walks its split from its own block, wrapping around (by
     default for one-warp programs). ``shuffle_lut``: turbo codes of ≤ 4 bits looked up by warp
     shuffles from a table held one entry per lane (GPU; the interpreter keeps the gather; by default
-    for 3- and 4-bit codes, :func:`_shuffle_lut`). ``register_lut``: where the shuffles are off, by
+    for 3- and 4-bit codes where ``polynomial_levels`` is False, :func:`_shuffle_lut`). ``register_lut``: where
+    the shuffles are off, by
     byte permutes in a table held in the instructions instead of by :func:`~.code_operands._lookup`'s
     gather (by default for 2-bit codes, and 3-bit ones in four-warp programs: :func:`_register_lut`).
     ``plane_hadamard``: turbo's rotation for a power-of-two head_dim made plane by plane from indices
@@ -922,8 +931,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     by default for every width (:func:`_plane_hadamard`). ``block_sums``: each block's value dots start from
     zero and join the accumulators by fp32 adds (:func:`~.decode_kernel._plus_dot`; by default for affine values on long
     splits without row groups, :func:`_block_sums`).
-    ``polynomial_levels``: False gathers 8-bit turbo levels from their table (:func:`~.code_operands._lookup`) where
-    by default a GPU computes them from the code (:func:`~.code_operands._polynomial_asm`; the same fp16 numbers).
+    ``polynomial_levels``: False looks 3/4/8-bit turbo levels up in their table (3/4-bit: the shuffles or permutes
+    above; 8-bit: :func:`~.code_operands._lookup`'s gather) where by default a GPU computes them from the code
+    (:func:`~.code_operands._polynomial_asm`, :func:`_computed_levels`; the same fp16 numbers).
     ``constant_rows``: False reads every row by its run-time stride and affine metadata a half at a time,
     where by default rows back to back have their stride compiled in and (scale, zero) words are read
     one load a pair (:func:`_row_constants`; the same numbers). ``query_sum_tile``: the query's sums
