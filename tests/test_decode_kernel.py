@@ -422,19 +422,19 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
 
 def test_lookup_defaults_where_they_were_faster():
     # by default: 3-, 4- and 8-bit turbo levels computed from the code (their level polynomial) at every length,
-    # 2-bit codes by byte permutes in four-warp programs (short caches) and as fields in place, no lookup, in
-    # keys-major one-warp tiles (their levels are linear in the code's bits). With polynomial_levels=False, 3- and
+    # 2-bit codes as fields in place, no lookup, in four-warp programs (short caches) and keys-major one-warp tiles
+    # (their levels are a uniform grid). With polynomial_levels=False, 3- and
     # 4-bit codes take warp shuffles, and without those 3-bit codes take the permutes in four-warp programs and
     # 4-bit ones the gather; 8-bit ones the gather (256 entries). Affine reads no table.
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
-        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits != 2 else ""
+        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits != 2 else ""  # 2-bit: a uniform grid
         words = co._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
             assert one_warp == ((S == 4096 and bits in (2, 3, 4)) or bits == 8)
-            if bits == 2 and one_warp:
+            if bits == 2:  # fields in place in keys-major one-warp tiles and in four-warp programs
                 assert default["K_LUT"] == default["V_LUT"] == f"lin:{co._linear_level_words(cfg.spec('k'), 128)}"
             else:
                 assert default["K_LUT"] == default["V_LUT"] == (poly or f"prmt:{words}"), (bits, S)
@@ -478,6 +478,9 @@ def test_two_bit_turbo_levels_are_linear_in_the_code_bits(D):
     c = torch.arange(4, dtype=torch.float64)
     torch.testing.assert_close(alpha * (c + gamma * (c % 2) - zero), table, rtol=1e-14, atol=0)
     assert co._lin_coef.fn(f"lin:{alpha!r},{gamma!r},{zero!r}", 1) == gamma
+    # a uniform grid (2-bit levels are a degree-1 polynomial's): no low bits to read
+    assert gamma == 0.0 and zero == 1.5 and not co._lin_low_bits.fn(f"lin:{alpha!r},{gamma!r},{zero!r}")
+    assert co._lin_low_bits.fn(f"lin:{alpha!r},0.25,{zero!r}")
     for other in (KVQuantConfig(method="turbo", bits=3), KVQuantConfig(method="affine", bits=2)):
         assert co._linear_level_words(other.spec("k"), D) is None
 
@@ -1183,22 +1186,24 @@ def test_narrow_heads_on_gpu(method, bits, S, D):
 @pytest.mark.parametrize("S", [17, 8193])  # four-warp and one-warp programs
 @pytest.mark.parametrize("D", [64, 96, 256])
 def test_shuffle_lookups_at_other_head_dims_on_gpu(bits, S, D):
-    # the default lookups of 3/4-bit turbo codes (shuffles) at the head dims test_register_lut_on_gpu
-    # leaves out: row words of 8 to 64 columns per plane, 96 not a power of two (R read as a matrix)
-    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
-    shfl, ref = _case("turbo", *bits, **args)
+    # the shuffle lookups of 3/4-bit turbo codes (polynomial_levels=False) at the head dims
+    # test_register_lut_on_gpu leaves out: row words of 8 to 64 columns per plane, 96 not a power of two (R read
+    # as a matrix)
+    args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None,
+                polynomial_levels=False)
+    shfl, ref = _case("turbo", *bits, shuffle_lut=True, **args)
     gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)
     assert _rel(shfl, gather.double()) < 1e-3, (_rel(shfl, ref), _rel(gather, ref))
     assert _rel(shfl, ref) < TOL
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bits", [(8, 8), (8, 4), (3, 8)])
+@pytest.mark.parametrize("bits", [(8, 8), (8, 4), (3, 8), (4, 4), (3, 3)])
 @pytest.mark.parametrize("S", [17, 8193])
 @pytest.mark.parametrize("D", [64, 80, 128, 256])
 def test_polynomial_levels_on_gpu(bits, S, D):
-    # 8-bit levels computed by the PTX polynomial, keys and values: the table's fp16 numbers into the
-    # same MMAs as the gather's; and against the oracle
+    # 3/4/8-bit levels computed by the PTX polynomial, keys and values: the table's fp16 numbers into the
+    # same MMAs as the lookups' (3/4-bit: shuffles or permutes; 8-bit: the gather); and against the oracle
     args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None)
     poly, ref = _case("turbo", *bits, **args)
     gather, _ = _case("turbo", *bits, polynomial_levels=False, **args)
@@ -1216,7 +1221,7 @@ def test_register_lut_on_gpu(bits, S, D, lookup):
     # keys and values: the same fp16 centroids into the same MMAs as the gather, so the same output
     # but for accumulation order; and the gather's output against the oracle
     args = dict(B=3, hkv=8, g=4, L=1, S=S, D=D, mask="padded", seed=S + D, dtype=torch.bfloat16, block_n=None,
-                linear_levels=False)  # 2-bit codes looked up, not read as fields in place
+                linear_levels=False, polynomial_levels=False)  # codes looked up: not fields in place, not computed
     lut, ref = _case("turbo", *bits, **({"shuffle_lut": True} if lookup == "shuffle_lut"
                                         else {"register_lut": True, "shuffle_lut": False}), **args)
     gather, _ = _case("turbo", *bits, register_lut=False, shuffle_lut=False, **args)

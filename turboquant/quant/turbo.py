@@ -42,7 +42,9 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # 64–256: 8-bit degree 7 1.04–1.05× (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×); 4-bit degree 3
 # 1.017–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
 # 1.19–1.21×); 3-bit degree 3 1.0018–1.0021× (degree 1: 1.076–1.082×).
-POLYNOMIAL_LEVELS = {3: 3, 4: 3, 8: 7}
+# 2-bit degree 1, a uniform grid: 1.011× (head_dim 64–256), whose levels the kernel reads as fields in place with
+# no second operand for the code's low bit (:func:`~turboquant.templates.code_operands._linear_level_words`, γ = 0).
+POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -72,16 +74,19 @@ def level_polynomial(d: int, bits: int) -> tuple:
     polynomial gives a :data:`POLYNOMIAL_LEVELS` width's levels: ``level(k) = u·(c1 + w·(c3 + w·(…)))``
     with ``u = (2k + 1)/2^bits − 1`` and ``w = u·u``, every operation rounded to fp16 (Horner's rule,
     one fused multiply-add per coefficient: :func:`_polynomial_levels`). The coefficients are
-    :func:`~.codebooks.odd_polynomial_codebook`'s divided by ``√d``."""
+    :func:`~.codebooks.odd_polynomial_codebook`'s divided by ``√d``. A degree-1 coefficient keeps ``11 − bits``
+    significant bits, so that every level ``c1·(2k + 1)/2^bits`` is an fp16 number exactly and the grid exactly
+    uniform (its steps equal: what reading the codes as fields in place takes)."""
     coef = torch.tensor(odd_polynomial_codebook(d, bits, POLYNOMIAL_LEVELS[bits]), dtype=torch.float64)
-    return tuple(_round_fp16(coef / d ** 0.5).tolist())
+    return tuple(_round_fp16(coef / d ** 0.5, 11 - bits if len(coef) == 1 else 11).tolist())
 
 
-def _round_fp16(x: torch.Tensor) -> torch.Tensor:
+def _round_fp16(x: torch.Tensor, significant: int = 11) -> torch.Tensor:
     """float64 ``x`` rounded to the nearest fp16 number (ties to even), as float64: one rounding, where
-    ``x.to(torch.float16)`` may round through float32 first."""
+    ``x.to(torch.float16)`` may round through float32 first; with ``significant`` < 11, to that many
+    significant bits."""
     _, e = torch.frexp(x)
-    ulp = torch.ldexp(torch.ones_like(x), (e - 11).clamp(min=-24))  # fp16: 11 significant bits, subnormals 2^-24
+    ulp = torch.ldexp(torch.ones_like(x), (e - significant).clamp(min=-24))  # fp16: 11 bits, subnormals 2^-24
     return torch.round(x / ulp) * ulp
 
 

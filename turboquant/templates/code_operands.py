@@ -296,7 +296,9 @@ def _linear_level_words(spec: TensorQuantSpec, d: int):
     So the code needs no lookup: its field in place is an MMA operand as an affine code's is (an AND per two
     codes), its low bit another, the query (keys) or the probabilities (values) scaled by ``γ`` for the second,
     and ``z`` a zero point common to every row (:func:`_lin_coef`). The same numbers as the table's, up to
-    the fp16 roundings of the scaled operands, as an affine code's."""
+    the fp16 roundings of the scaled operands, as an affine code's. Turbo's 2-bit levels are a uniform grid
+    (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`): ``γ = 0`` and ``z = 1.5`` exactly, and the low bit is no
+    operand (:func:`_lin_low_bits`); the second operand serves any other symmetric table."""
     if spec.method != "turbo" or spec.bits != 2:
         return None
     t = _centroids_fp16(d, 2).double().tolist()
@@ -310,6 +312,14 @@ def _linear_level_words(spec: TensorQuantSpec, d: int):
 def _lin_coef(lut, i):
     """Coefficient ``i`` of a ``"lin:α,γ,z"`` lookup (:func:`_linear_level_words`): 0 α, 1 γ, 2 z."""
     return float(_lut_words(lut).split(",")[int(i)])
+
+
+@triton.constexpr_function
+def _lin_low_bits(lut):
+    """Whether a ``"lin"`` lookup's codes take their low bits as a second operand: ``γ ≠ 0``. A uniform grid's
+    ``γ`` is 0 (turbo 2-bit's levels since they are a degree-1 polynomial's): its codes are fields in place and
+    nothing else, as affine 2-bit codes."""
+    return _lut_kind(lut) == "lin" and _lin_coef(lut, 1) != 0.0
 
 
 @triton.constexpr_function

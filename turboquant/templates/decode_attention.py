@@ -122,8 +122,9 @@ def _computed_levels(spec: TensorQuantSpec) -> bool:
     76.09, 28.58 → 26.72, 11.20 → 11.06. sm_90 SASS of the loop at 32K (``benchmarks/decode_sass.py turbo BITS``
     with and without ``--no-polynomial-levels``), warp instructions per key: 4-bit 26.39 → 29.11, 3-bit 32.23 →
     34.23: more instructions, but fixed-latency fp16x2 arithmetic where each shuffle's result was a
-    short-scoreboard wait (a third of the 4-bit loop's stall samples, ncu, H100)."""
-    return spec.method == "turbo" and spec.bits in POLYNOMIAL_LEVELS
+    short-scoreboard wait (a third of the 4-bit loop's stall samples, ncu, H100). Not a degree-1 polynomial's
+    (2-bit's uniform grid): those codes are fields in place where :func:`_linear_levels` says, else looked up."""
+    return spec.method == "turbo" and POLYNOMIAL_LEVELS.get(spec.bits, 0) > 1
 
 
 def _gathers(spec: TensorQuantSpec) -> bool:
@@ -148,7 +149,7 @@ def _register_lut(spec: TensorQuantSpec, one_warp: bool) -> bool:
     return spec.bits == 2 or (spec.bits == 3 and not one_warp)
 
 
-def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool) -> bool:
+def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool, one_warp: bool) -> bool:
     """Whether a turbo spec's codes are read as fields in place, with no lookup, by default: where its levels are
     linear in the code's bits (every 2-bit codebook symmetric about 0: :func:`~.code_operands._linear_level_words`), in
     keys-major tiles (:func:`_keys_major_default`: one-warp programs from head_dim 96). A code then costs what a
@@ -159,8 +160,14 @@ def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool) -> bool:
     process (2026-12-06, ``benchmarks/results/session41_gpu/``): 32K 93.72 → 86.22, 16K 52.59 → 48.88, 4K 20.86 →
     20.06; but 1K (four-warp programs) 11.89 → 12.16, and row-major one-warp tiles ran slower too: head_dim 64 (byte
     columns) 67.45 → 78.63 at 32K and 13.40 → 14.18 at 4K; head_dim 128 forced row-major 133.6 at 32K (the table's
-    row-major tile: 107.0, thirty-seventh session). So keys-major tiles only. Errors unchanged (1.68e-3 at 32K)."""
-    return keys_major and _linear_level_words(spec, d) is not None
+    row-major tile: 107.0, thirty-seventh session). So keys-major tiles only, then. Since the forty-seventh session
+    2-bit levels are a uniform grid (``γ = 0``: no low-bit operand, :func:`~.code_operands._lin_low_bits`), and the
+    fields are also the default in four-warp programs (short caches). sm_90 SASS, warp instructions per key: 32K
+    19.09 → 13.22 (affine 2-bit 12.26), 1K four-warp table 11.46 → fields 6.86. H100, CUDA graph µs, same codes,
+    table → fields (2026-12-06, ``benchmarks/results/session47_gpu/decode_variants_turbo2_uniform_h100.log``): 32K
+    92.58 → 61.11 (5.74× cuDNN; affine 2-bit 58.97 in the forty-fifth session), 16K 51.76 → 35.60, 4K 19.93 → 16.15,
+    1K (four-warp programs) 10.74 → 9.404. Row-major one-warp tiles (head_dim 64) keep the table: not timed since."""
+    return (keys_major or not one_warp) and _linear_level_words(spec, d) is not None
 
 
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
@@ -188,7 +195,8 @@ def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: O
     whose levels are not a polynomial's, :func:`_shuffle_lut`'s or :func:`_register_lut`'s lookup with its table
     words, or the gather (``""``; 8-bit's always)."""
     words = _linear_level_words(spec, d)
-    if words is not None and (_linear_levels(spec, d, keys_major) if linear_levels is None else linear_levels):
+    if words is not None and (_linear_levels(spec, d, keys_major, one_warp) if linear_levels is None
+                              else linear_levels):
         return f"lin:{words}"
     if _computed_levels(spec) and polynomial_levels is not False:
         return f"poly:{_polynomial_words(spec, d)}"

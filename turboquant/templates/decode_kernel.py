@@ -6,8 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .code_operands import (_code_word_bytes, _field_unit, _field_values, _lin_coef, _load_row_bytes, _lut_kind,
-                            _plane_values)
+from .code_operands import (_code_word_bytes, _field_unit, _field_values, _lin_coef, _lin_low_bits, _load_row_bytes,
+                            _lut_kind, _plane_values)
 from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
@@ -386,9 +386,9 @@ def _key_dot(q, vals, acc, KEYS_MAJOR: tl.constexpr):
 def _plane_dot(q, k0, k1, k2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, klut_ptr,
                USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr):
     """``acc`` plus key plane ``S``'s dots with its query plane (:func:`_key_dot`); for linear turbo levels
-    (``"lin"``) also the plane's low bits' dots with ``γ·q``."""
+    (``"lin"``) with ``γ ≠ 0`` (:func:`~.code_operands._lin_low_bits`) also the plane's low bits' dots with ``γ·q``."""
     acc = _key_dot(q, _plane_values(k0, k1, k2, S, BITS, TURBO, klut_ptr, USE_ASM, LUT), acc, KEYS_MAJOR)
-    if _lut_kind(LUT) == "lin":
+    if _lin_low_bits(LUT):
         q_low = (q.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
         acc = _key_dot(q_low, _field_values(k0, S, BITS, USE_ASM, True), acc, KEYS_MAJOR)
     return acc
@@ -462,7 +462,7 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
     n = first + tl.arange(0, N)
     v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
     pv_low = pv
-    if _lut_kind(LUT) == "lin":  # linear turbo levels: the low bits meet γ·pv
+    if _lin_low_bits(LUT):  # linear turbo levels: the low bits meet γ·pv
         pv_low = (pv.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
     a0 = _value_dot(pv, pv_low, v0, v1, v2, a0, 0, BITS, TURBO, vlut_ptr, USE_ASM, LUT, rz, BLOCK_SUMS,
                     KEYS_MAJOR)
@@ -490,10 +490,10 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
 def _value_dot(pv, pv_low, v0, v1, v2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.constexpr, vlut_ptr,
                USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr, KEYS_MAJOR: tl.constexpr):
     """Value plane ``S``'s share (:func:`_plus_dot`): ``acc + pv · vals``, or keys-major ``acc + vals · pv``
-    (``vals [VPW, N]``); for linear turbo levels (``"lin"``) plus the plane's low bits times ``pv_low = γ·pv``,
-    in the same block sum."""
+    (``vals [VPW, N]``); for linear turbo levels (``"lin"``) with ``γ ≠ 0`` plus the plane's low bits times
+    ``pv_low = γ·pv``, in the same block sum."""
     vals = _plane_values(v0, v1, v2, S, BITS, TURBO, vlut_ptr, USE_ASM, LUT)
-    if _lut_kind(LUT) == "lin":
+    if _lin_low_bits(LUT):
         low = _field_values(v0, S, BITS, USE_ASM, True)
         if KEYS_MAJOR:
             acc = _plus_dots(vals, pv, low, pv_low, acc, rz, BLOCK_SUMS)
