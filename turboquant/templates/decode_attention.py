@@ -15,9 +15,9 @@ MMA operand (the fp16 subnormal ``field · 2^-24``), so a code costs half an AND
 * 3-bit affine: fields in place likewise, in 16-bit lanes of a byte plane with the next byte
   plane above it (the two fields that straddle bytes need the high byte), made by PTX permutes;
 * turbo: codes become their levels (3/4/8-bit levels are a polynomial's values, computed from the
-  code in fp16x2 arithmetic; 2-bit: byte permutes from a table in the instructions, or in keys-major
-  tiles no lookup: four symmetric levels are linear in the code's bits, ``α·(c + γ·l − z)``, so the
-  field in place and its low bit are MMA operands as affine codes are); ``q`` is rotated and the output
+  code in fp16x2 arithmetic; 2-bit levels are a uniform grid, ``α·(c − z)``, so in keys-major tiles and
+  four-warp programs the field in place is the MMA operand as an affine code is, and row-major one-warp
+  tiles look it up by byte permutes from a table in the instructions); ``q`` is rotated and the output
   rotated back inside the kernel (fp16 MMAs on fp32 hi/lo halves; for a power-of-two head_dim the
   Hadamard rotation is made plane by plane from indices, or on long 8-bit splits read as ``√d · R``,
   exact ±1 in fp16; other head dims read ``R``), norms scale the scores and the probabilities. Every
@@ -956,8 +956,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     C++ launcher; for tuning: :func:`_capped_shared`). ``query_row_load``: affine keys' query planes from one
     load of the rows rather than a load a plane (:func:`_query_row_load`; turbo's rotation always loads the rows).
     ``linear_levels``: 2-bit turbo codes read as fields in place, their levels being linear in the code's bits
-    (True), or looked up in their table (False); by default in keys-major tiles (:func:`_linear_levels`; the same
-    numbers up to fp16 roundings of the operands, as affine codes').
+    (True), or looked up in their table (False); by default in keys-major tiles and four-warp programs
+    (:func:`_linear_levels`; the same numbers up to fp16 roundings of the operands, as affine codes').
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
