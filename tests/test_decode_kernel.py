@@ -309,8 +309,9 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
            # products of fp16 numbers and their sums with a third are exact in float64
            "fma.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]) + halves(x[2])),
            "mul.rn.f16x2": lambda x: f16x2(halves(x[0]) * halves(x[1]))}
-    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|shl\.b32|lop3\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|mad\.lo\.u32|"
-                                   r"prmt\.b32|shfl\.sync\.idx\.b32|fma\.rn\.f16x2|mul\.rn\.f16x2)\s+([^;]+);", asm):
+    for op, operands in re.findall(r"(and\.b32|or\.b32|shr\.b32|shl\.b32|lop3\.b32|mov\.b32|mov\.u32|mul\.lo\.u32|"
+                                   r"mad\.lo\.u32|prmt\.b32|shfl\.sync\.idx\.b32|fma\.rn\.f16x2|mul\.rn\.f16x2)\s+([^;]+);",
+                                   asm):
         d, *src = [x.strip() for x in operands.split(",")]
         x = [value(v) for v in src]
         if op.startswith("shfl"):

@@ -422,8 +422,8 @@ def _polynomial_asm(bits, lut, s):
     asm += f"mov.b32 w, {scale:#010x}; mov.b32 k, {offset:#010x}; "
     top = len(coefs) - 1
     for src, out in zip(srcs, outs):
-        asm += (f"fma.rn.f16x2 u, {src}, w, k; mul.rn.f16x2 t, u, u; mov.b32 p, c{top}; "
-                + "".join(f"fma.rn.f16x2 p, p, t, c{i}; " for i in reversed(range(top))) + f"mul.rn.f16x2 {out}, p, u; ")
+        horner = "".join(f"fma.rn.f16x2 p, p, t, c{i}; " for i in reversed(range(top)))
+        asm += f"fma.rn.f16x2 u, {src}, w, k; mul.rn.f16x2 t, u, u; mov.b32 p, c{top}; {horner}mul.rn.f16x2 {out}, p, u; "
     return asm + "}"
 
 
