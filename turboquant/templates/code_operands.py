@@ -196,19 +196,32 @@ def _field3_shift(s):
 
 
 @triton.constexpr_function
+def _byte_lanes_asm(lane0, lane1, src, high):
+    """PTX that spreads the four bytes of ``src`` into the low bytes of four 16-bit lanes (``lane0``: bytes 0
+    and 1, ``lane1``: bytes 2 and 3), each under byte 0 of ``high`` (``0``: zeros)."""
+    return f"prmt.b32 {lane0}, {src}, {high}, 0x4140; prmt.b32 {lane1}, {src}, {high}, 0x4342; "
+
+
+@triton.constexpr_function
+def _straddle_lanes_asm(lane0, lane1):
+    """PTX that makes four 16-bit lanes ``byte of $2 | byte of $3 << 8`` (``lane0``: bytes 0 and 1, ``lane1``:
+    bytes 2 and 3): a byte plane's fields with the next plane's bits above them, for fields that straddle."""
+    return f"prmt.b32 {lane0}, $2, $3, 0x5140; prmt.b32 {lane1}, $2, $3, 0x7362; "
+
+
+@triton.constexpr_function
 def _byte3_asm(mask):
     """Four bytes' fields masked in place, then spread into the low bytes of four 16-bit lanes."""
     m = int(mask) * 0x01010101
-    return ("{ .reg .b32 t; and.b32 t, $2, " + f"{m:#010x}" + "; prmt.b32 $0, t, 0, 0x4140; "
-            "prmt.b32 $1, t, 0, 0x4342; }")
+    return "{ .reg .b32 t; and.b32 t, $2, " + f"{m:#010x}; " + _byte_lanes_asm("$0", "$1", "t", "0") + "}"
 
 
 @triton.constexpr_function
 def _pair3_asm(mask):
     """Four lanes ``low byte | next plane's byte << 8`` (one permute per two), masked in place."""
     m = int(mask) * 0x00010001
-    return ("{ prmt.b32 $0, $2, $3, 0x5140; prmt.b32 $1, $2, $3, 0x7362; "
-            f"and.b32 $0, $0, {m:#010x}; and.b32 $1, $1, {m:#010x}; " + "}")
+    return ("{ " + _straddle_lanes_asm("$0", "$1") + f"and.b32 $0, $0, {m:#010x}; and.b32 $1, $1, {m:#010x}; "
+            + "}")
 
 
 @triton.jit
@@ -355,7 +368,7 @@ def _shuffle_lut_asm(bits, lut, s):
                 + "prmt.b32 $0, r0, r1, 0x5410; }")
     shift = _field3_shift(s)
     if shift > 5:  # 16-bit lanes: the byte, the next plane's byte above it
-        body = "prmt.b32 a, $2, $3, 0x5140; prmt.b32 b, $2, $3, 0x7362; "
+        body = _straddle_lanes_asm("a", "b")
         srcs = [("a", shift), ("a", 16 + shift), ("b", shift), ("b", 16 + shift)]
     else:
         body = ""
@@ -402,7 +415,7 @@ def _polynomial_asm(bits, lut, s):
         mask, magic = 7 << pos, 0x6400 | 1 << (at - 1)
         srcs, outs = ["x", "y"], ["$0", "$1"]
         if pos > 5:  # 16-bit lanes: the byte, the next plane's byte above it
-            asm += (f"prmt.b32 x, $2, $3, 0x5140; prmt.b32 y, $2, $3, 0x7362; mov.b32 k, {magic * 0x10001:#010x}; "
+            asm += (_straddle_lanes_asm("x", "y") + f"mov.b32 k, {magic * 0x10001:#010x}; "
                     f"lop3.b32 x, x, {mask * 0x10001:#010x}, k, 0xEA; lop3.b32 y, y, {mask * 0x10001:#010x}, k, 0xEA; ")
         else:  # fields and half bits in four bytes, then each byte under the exponent's
             if pos == 0:
@@ -410,7 +423,7 @@ def _polynomial_asm(bits, lut, s):
             else:
                 asm += (f"mov.b32 k, {(magic & 0xFF) * 0x01010101:#010x}; "
                         f"lop3.b32 t, $2, {mask * 0x01010101:#010x}, k, 0xEA; ")
-            asm += "mov.b32 e, 0x64646464; prmt.b32 x, t, e, 0x4140; prmt.b32 y, t, e, 0x4342; "
+            asm += "mov.b32 e, 0x64646464; " + _byte_lanes_asm("x", "y", "t", "e")
     else:
         per_shift = (9 - bits) // bits + 1  # fields that fit at bits 1, 1 + bits, … of the mantissa (0–9)
         at = 1 + bits * (s % per_shift)
@@ -440,8 +453,7 @@ def _fp16x2_word(value):
 def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:
     """:func:`~turboquant.quant.turbo.level_polynomial`'s coefficients as ``fp16x2`` words (the
     coefficient in both halves), lowest power first."""
-    half = torch.tensor(level_polynomial(d, spec.bits), dtype=torch.float16).view(torch.int16).to(torch.int32)
-    return ",".join(f"{(h & 0xFFFF) * 0x10001:#x}" for h in half.tolist())
+    return ",".join(f"{_fp16x2_word.fn(c):#x}" for c in level_polynomial(d, spec.bits))
 
 
 @triton.jit
