@@ -19,18 +19,20 @@ The paper's optional 1-bit QJL residual is not used: it adds variance through so
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from ..compat import tracing_with_fake_tensors
 from .affine import _finite, to_metadata
 from .constants import as_constant
-from .codebooks import code_offsets, codebook_boundaries, levels_mse, lloyd_max_codebook, odd_polynomial_codebook
+from .codebooks import (_cell_moments, code_offsets, codebook_boundaries, levels_mse, lloyd_max_codebook,
+                        odd_polynomial_codebook)
 from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import is_power_of_two, rotation_matrix, signed_hadamard
 
 __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids",
-           "turbo_codebook_mse", "level_polynomial", "POLYNOMIAL_LEVELS"]
+           "turbo_codebook_mse", "level_polynomial", "level_unit", "POLYNOMIAL_LEVELS"]
 
 # bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code
 # (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level from the code in
@@ -40,8 +42,12 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # 3/4-bit tables were a warp shuffle per code, whose latency held their loops (ncu, H100, 32K: a third of the
 # stall samples short-scoreboard waits on the shuffles; forty-sixth session). MSE over Lloyd–Max's at head_dim
 # 64–256: 8-bit degree 7 1.04–1.05× (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×); 4-bit degree 3
-# 1.017–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
-# 1.19–1.21×); 3-bit degree 3 1.0018–1.0021× (degree 1: 1.076–1.082×).
+# 1.018–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
+# 1.19–1.21×); 3-bit degree 3 1.0021× (degree 1: 1.076–1.082×). Degree 3 is the monic cubic ``t + t³`` of a
+# scaled code offset (:func:`level_polynomial`), three fp16x2 operations per two codes where Horner's rule on
+# ``c1·u + c3·u³`` took four; its scale rides on the stored norm (:func:`level_unit`). Against that free cubic
+# (forty-seventh session) the MSE moved 1.0169–1.0191× → 1.0178–1.0190× at 4 bits, 1.0018–1.0021× → 1.0021×
+# at 3 bits.
 # 2-bit degree 1, a uniform grid: 1.011× (head_dim 64–256), whose levels the kernel reads as fields in place with
 # no second operand for the code's low bit (:func:`~turboquant.templates.code_operands._linear_level_words`, γ = 0).
 POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
@@ -54,31 +60,80 @@ def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.
 
 
 def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> torch.Tensor:
-    """Centroids in units of the unit vector's coordinates (already divided by ``√d``); one tensor
-    per device and dtype (see :func:`~.constants.as_constant`).
+    """The levels as tables hold them and the stored norm multiplies them (units of the unit vector's
+    coordinates, already divided by ``√d``, over :func:`level_unit`); one tensor per device and dtype (see
+    :func:`~.constants.as_constant`).
 
-    The Lloyd–Max levels rounded to fp16 (:func:`_fp16_levels`), so every dtype that holds them (the
-    float64 oracle, the kernels' fp16 and fp32 tables) holds the same numbers."""
+    fp16 numbers (:func:`_fp16_levels`), so every dtype that holds them (the float64 oracle, the kernels' fp16
+    and fp32 tables) holds the same numbers."""
     return as_constant(_fp16_levels, d, bits, device=device, dtype=dtype)
 
 
 def turbo_codebook_mse(d: int, bits: int) -> float:
     """Expected squared error of one rotated unit vector quantized to the levels turbo uses (its
-    fp16 levels; for :data:`POLYNOMIAL_LEVELS` widths, the polynomial's): :func:`~.codebooks.codebook_mse`
-    of the levels actually stored."""
-    return levels_mse(d, _fp16_levels(d, bits) * d ** 0.5)
+    fp16 levels; for :data:`POLYNOMIAL_LEVELS` widths, the polynomial's, times :func:`level_unit`):
+    :func:`~.codebooks.codebook_mse` of the levels actually searched."""
+    return levels_mse(d, _searched_levels(d, bits))
 
 
 def level_polynomial(d: int, bits: int) -> tuple:
-    """The fp16 coefficients ``(c1, c3, …)`` (as floats, units of the unit vector's coordinates) whose
-    polynomial gives a :data:`POLYNOMIAL_LEVELS` width's levels: ``level(k) = u·(c1 + w·(c3 + w·(…)))``
-    with ``u = (2k + 1)/2^bits − 1`` and ``w = u·u``, every operation rounded to fp16 (Horner's rule,
-    one fused multiply-add per coefficient: :func:`_polynomial_levels`). The coefficients are
-    :func:`~.codebooks.odd_polynomial_codebook`'s divided by ``√d``. A degree-1 coefficient keeps ``11 − bits``
+    """The fp16 numbers ``(r, c1, c3, …)`` whose polynomial gives a :data:`POLYNOMIAL_LEVELS` width's table
+    levels (:func:`turbo_centroids`): ``level(k) = t·(c1 + w·(c3 + w·(…)))`` with ``t = r·u``,
+    ``u = (2k + 1)/2^bits − 1`` and ``w = t·t``, every operation rounded to fp16 (Horner's rule, one fused
+    multiply-add per coefficient: :func:`_polynomial_levels`).
+
+    Degree 3 is monic, ``t + t³`` (``c1 = c3 = 1``), one fma on ``w`` and ``t`` (``w·t + t``); ``r`` sets its
+    shape and :func:`level_unit` its scale (:func:`_cubic_form`). ``r`` has at most ``bits`` significant bits:
+    a kernel makes ``t`` from the code's fp16 number ``1024 + 2^(a−1)·(2k + 1)`` in one fma whose constant
+    ``r·(2^(11−a−bits) + 1)`` must be an fp16 number for every field position ``a ≥ 1``.
+
+    Other degrees have ``r = 1`` (``t = u``) and the coefficients of
+    :func:`~.codebooks.odd_polynomial_codebook` divided by ``√d``. A degree-1 coefficient keeps ``11 − bits``
     significant bits, so that every level ``c1·(2k + 1)/2^bits`` is an fp16 number exactly and the grid exactly
     uniform (its steps equal: what reading the codes as fields in place takes)."""
+    if POLYNOMIAL_LEVELS[bits] == 3:
+        return (_cubic_form(int(d), int(bits))[0], 1.0, 1.0)
     coef = torch.tensor(odd_polynomial_codebook(d, bits, POLYNOMIAL_LEVELS[bits]), dtype=torch.float64)
-    return tuple(_round_fp16(coef / d ** 0.5, 11 - bits if len(coef) == 1 else 11).tolist())
+    return (1.0,) + tuple(_round_fp16(coef / d ** 0.5, 11 - bits if len(coef) == 1 else 11).tolist())
+
+
+def level_unit(d: int, bits: int) -> float:
+    """What one unit of :func:`turbo_centroids` is worth in the quantizer's levels (float64; units of the unit
+    vector's coordinates): the monic cubic's scale for degree-3 widths (:func:`_cubic_form`), else 1. The norm
+    stored with the codes carries it: rescaled (``rescale_norm``), it is the norm over the table levels' norm;
+    else the norm times this."""
+    return _cubic_form(int(d), int(bits))[1] if POLYNOMIAL_LEVELS.get(bits) == 3 else 1.0
+
+
+@functools.lru_cache(maxsize=None)
+def _cubic_form(d: int, bits: int) -> tuple:
+    """``(r, unit)`` of the monic cubic levels ``unit·(t + t³)``, ``t = r·u`` (:func:`level_polynomial`): from
+    :func:`~.codebooks.odd_polynomial_codebook`'s ``c1·u + c3·u³`` (``r = √(c3/c1)``, ``unit = c1/r``), ``r``
+    among the numbers of at most ``bits`` significant bits within a factor 1.25 of that (of 1/16 at least), each
+    with its best scale (:func:`_best_unit`); the one of least MSE. ``unit`` in the unit vector's coordinates."""
+    c1, c3 = odd_polynomial_codebook(d, bits, 3)  # units of 1/√d
+    # tiny head dims' coordinates are not near normal (head_dim 3: uniform, c3 ≈ 0): nearly a uniform grid
+    r0 = max((max(c3, 0.0) / c1) ** 0.5, 2.0 ** -4)
+    top = math.floor(math.log2(r0))
+    candidates = [m * 2.0 ** (e - bits + 1) for e in (top - 1, top, top + 1) for m in range(1 << (bits - 1), 1 << bits)]
+    best = None
+    for r in (r for r in candidates if r0 / 1.25 <= r <= r0 * 1.25):
+        shape = _polynomial_levels(bits, (r, 1.0, 1.0))
+        unit = _best_unit(d, shape, c1 / r)
+        mse = levels_mse(d, unit * shape)
+        if best is None or mse < best[0]:
+            best = (mse, r, unit)
+    return best[1], best[2] / d ** 0.5
+
+
+def _best_unit(d: int, shape: torch.Tensor, unit: float, steps: int = 40) -> float:
+    """The scale ``c`` of least MSE for levels ``c·shape`` (units of ``1/√d``), from ``unit``: Lloyd's iteration
+    on the one parameter (each step the least-squares scale for the cells the levels have, which no step makes
+    worse)."""
+    for _ in range(steps):
+        mass, first = _cell_moments(d, unit * shape)
+        unit = float((first * shape).sum() / (mass * shape * shape).sum())
+    return unit
 
 
 def _round_fp16(x: torch.Tensor, significant: int = 11) -> torch.Tensor:
@@ -93,19 +148,21 @@ def _round_fp16(x: torch.Tensor, significant: int = 11) -> torch.Tensor:
 def _polynomial_levels(bits: int, coefs: tuple) -> torch.Tensor:
     """The levels of ``coefs`` (:func:`level_polynomial`) as fp16 arithmetic gives them, in float64:
     the operations a kernel runs (``fma.rn.f16x2``/``mul.rn.f16x2``), each result rounded once (a
-    product of two fp16 numbers and the sum with a third are exact in float64). ``u`` is exact in
-    fp16 (at most ``bits + 1`` significant bits). Odd: ``level(2^bits − 1 − k) = −level(k)``, since
-    rounding to nearest is."""
-    u = code_offsets(bits)
-    w = _round_fp16(u * u)
-    p = torch.full_like(u, coefs[-1])
-    for c in reversed(coefs[:-1]):
+    product of two fp16 numbers and the sum with a third are exact in float64). ``t = r·u`` is exact in
+    fp16 (``u`` has at most ``bits`` significant bits, ``r`` as many). Odd: ``level(2^bits − 1 − k) =
+    −level(k)``, since rounding to nearest is."""
+    t = _round_fp16(coefs[0] * code_offsets(bits))
+    w = _round_fp16(t * t)
+    if tuple(coefs[1:]) == (1.0, 1.0):  # the monic cubic: w·t + t, one fma
+        return _round_fp16(w * t + t)
+    p = torch.full_like(t, coefs[-1])
+    for c in reversed(coefs[1:-1]):
         p = _round_fp16(p * w + c)
-    return _round_fp16(p * u)
+    return _round_fp16(p * t)
 
 
 def _fp16_levels(d: int, bits: int) -> torch.Tensor:
-    """The levels in fp16 numbers, as float64: :func:`_polynomial_levels` for :data:`POLYNOMIAL_LEVELS`
+    """The table levels in fp16 numbers, as float64: :func:`_polynomial_levels` for :data:`POLYNOMIAL_LEVELS`
     widths; otherwise ``lloyd_max_codebook / √d`` rounded once to fp16. The decode kernel's MMAs take fp16
     operands; with the float64 levels as the codes' meaning, the kernel's rounded table was an error
     of its own, fixed per level and so not averaged away: turbo 3-bit keys at head_dim 80 came out
@@ -120,11 +177,18 @@ def _fp16_levels(d: int, bits: int) -> torch.Tensor:
     return (lloyd_max_codebook(d, bits).to(torch.float64) / d ** 0.5).to(torch.float16).to(torch.float64)
 
 
+def _searched_levels(d: int, bits: int) -> torch.Tensor:
+    """The levels the codes are searched among, in ``z``'s units (``1/√d``): the table's times
+    :func:`level_unit`, times ``√d``."""
+    return _fp16_levels(d, bits) * (level_unit(d, bits) * d ** 0.5)
+
+
 def _level_boundaries(d: int, bits: int) -> torch.Tensor:
     """Decision thresholds of the codes (units of ``1/√d``, what ``z`` is in): the Lloyd–Max
-    boundaries, or the midpoints between the polynomial's levels (:data:`POLYNOMIAL_LEVELS`)."""
+    boundaries, or the midpoints between the polynomial's levels (:data:`POLYNOMIAL_LEVELS`, times
+    :func:`level_unit`)."""
     if bits in POLYNOMIAL_LEVELS:
-        levels = _fp16_levels(d, bits) * d ** 0.5
+        levels = _searched_levels(d, bits)
         return (levels[1:] + levels[:-1]) / 2
     return codebook_boundaries(d, bits)
 
@@ -141,6 +205,8 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
         y = turbo_centroids(d, bits, device=x.device, dtype=xw.dtype)[codes.long()]
         y_norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
+    else:  # the table's levels are in units of level_unit
+        norm = norm * level_unit(d, bits)
     return codes, to_metadata(norm, metadata_dtype)
 
 
@@ -238,6 +304,8 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
             y2 = y2 + torch.where(own, squares[c], 0.0)
         y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
+    else:
+        norm = norm * level_unit(d, bits)
     return pack_sources(codes, bits), to_metadata(norm, metadata_dtype)
 
 
