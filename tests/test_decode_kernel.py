@@ -394,7 +394,7 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
     spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
     lut = da._lut_constexpr(spec, D, True, None, None, None)
     assert lut == f"poly:{co._polynomial_words(spec, D)}"
-    assert len(lut.split(",")) == (POLYNOMIAL_LEVELS[bits] + 1) // 2 + 1  # r, then the coefficients
+    assert len(lut.split(",")) == POLYNOMIAL_LEVELS[bits] // 2  # k0, k1, …
     table = [b & 0xFFFF for b in co._centroids_fp16(D, bits).view(torch.int16).tolist()]
     gen = torch.Generator().manual_seed(bits * D)
     n = 1 << bits

@@ -89,45 +89,35 @@ def test_computed_levels_are_the_polynomial_in_fp16_and_near_lloyd_max(d, bits, 
     """2/3/4/8-bit levels are the level polynomial's values as fp16 operations give them (numpy's fp16 here:
     an fma is exact in float64, then one rounding), odd, increasing, and their MSE within ``mse_bound`` of the
     Lloyd–Max codebook's; what the quantizer searches (its boundaries) are their midpoints times the level unit.
-    The kernel's first fma makes ``t = r·u`` from the code's fp16 number with constants that are fp16 numbers at
-    every field position (``r`` has at most ``bits`` significant bits). Degree 3 is the monic cubic ``w·t + t``
-    (its unit free), the others have ``r = 1`` and unit 1. 2-bit's grid is exactly uniform (its degree-1
-    coefficient keeps 9 significant bits, so every level is exact in fp16)."""
+    The kernel's first fma makes ``u`` from the code's fp16 number exactly at every field position; then ``y =
+    u·u + k0``, Horner's rule in ``y`` from ``y`` itself, times ``u`` (the depressed monic form: ``degree/2``
+    numbers). 2-bit's grid (degree 1) is ``u`` itself, exactly uniform. At head_dim 3 (uniform coordinates, so
+    Lloyd–Max's levels are a uniform grid) every width falls back to degree 1."""
     import numpy as np
 
     from turboquant.quant.turbo import POLYNOMIAL_LEVELS, _level_boundaries, level_polynomial, level_unit
 
     assert POLYNOMIAL_LEVELS[bits] == degree and set(POLYNOMIAL_LEVELS) == {2, 3, 4, 8}
     n = 1 << bits
-    r, *coefs = level_polynomial(d, bits)
-    assert len(coefs) == (degree + 1) // 2 and all(float(np.float16(c)) == c for c in (r, *coefs))
-    _, e = np.frexp(r)
-    assert (r * 2.0 ** (bits - e)).is_integer()  # at most `bits` significant bits
-    if degree == 3:
-        assert coefs == [1.0, 1.0] and level_unit(d, bits) > 0
-    else:
-        assert r == 1.0 and level_unit(d, bits) == 1.0
+    ks = level_polynomial(d, bits)
+    assert len(ks) == (degree // 2 if d > 3 else 0) and all(float(np.float16(k)) == k for k in ks)
+    assert level_unit(d, bits) > 0
     f16 = lambda v: np.asarray(v, dtype=np.float64).astype(np.float16)  # noqa: E731
     for at in range(1, 11 - bits):  # the code's field at bit `at` of the fp16 number
         x = f16(1024 + 2.0 ** (at - 1) * (2 * np.arange(n) + 1))
-        scale, offset = r * 2.0 ** (1 - at - bits), -r * (2.0 ** (11 - at - bits) + 1)
-        assert float(np.float16(scale)) == scale and float(np.float16(offset)) == offset
-        t = f16(x.astype(np.float64) * scale + offset)
-        assert np.array_equal(t.astype(np.float64), r * ((2 * np.arange(n) + 1) / n - 1))
-    w = f16(t.astype(np.float64) ** 2)
-    if degree == 3:
-        want = f16(w.astype(np.float64) * t + t)
-    else:
-        p = np.float16(coefs[-1])
-        for c in reversed(coefs[:-1]):
-            p = f16(p * w.astype(np.float64) + c)
-        want = p * t  # float16 * float16 in numpy: one rounding
+        u = f16(x.astype(np.float64) * 2.0 ** (1 - at - bits) - (2.0 ** (11 - at - bits) + 1))
+        assert np.array_equal(u.astype(np.float64), (2 * np.arange(n) + 1) / n - 1)
+    want = u
+    if ks:
+        p = y = f16(u.astype(np.float64) ** 2 + ks[0])
+        for k in ks[1:]:
+            p = f16(p.astype(np.float64) * y + k)
+        want = p * u  # float16 * float16 in numpy: one rounding
     want = torch.from_numpy(want.astype(np.float64))
     levels = turbo_centroids(d, bits)
     assert torch.equal(levels, want)
     assert torch.equal(levels, -levels.flip(0)) and bool((levels[1:] > levels[:-1]).all())
     if degree == 1:
-        assert torch.equal(levels, float(coefs[0]) * torch.from_numpy(t.astype(np.float64)))
         assert len(set(torch.diff(levels).tolist())) == 1
     z_levels = levels * (level_unit(d, bits) * d ** 0.5)  # the boundaries are in z's units
     assert torch.equal(_level_boundaries(d, bits), (z_levels[1:] + z_levels[:-1]) / 2)

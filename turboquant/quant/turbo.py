@@ -51,6 +51,7 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # 2-bit degree 1, a uniform grid: 1.011× (head_dim 64–256), whose levels the kernel reads as fields in place with
 # no second operand for the code's low bit (:func:`~turboquant.templates.code_operands._linear_level_words`, γ = 0).
 POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
+FP16_MAX = 65504.0
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -77,53 +78,51 @@ def turbo_codebook_mse(d: int, bits: int) -> float:
 
 
 def level_polynomial(d: int, bits: int) -> tuple:
-    """The fp16 numbers ``(r, c1, c3, …)`` whose polynomial gives a :data:`POLYNOMIAL_LEVELS` width's table
-    levels (:func:`turbo_centroids`): ``level(k) = t·(c1 + w·(c3 + w·(…)))`` with ``t = r·u``,
-    ``u = (2k + 1)/2^bits − 1`` and ``w = t·t``, every operation rounded to fp16 (Horner's rule, one fused
-    multiply-add per coefficient: :func:`_polynomial_levels`).
+    """The fp16 numbers ``(k0, k1, …)`` whose chain gives a :data:`POLYNOMIAL_LEVELS` width's table levels
+    (:func:`turbo_centroids`): with ``u = (2k + 1)/2^bits − 1`` and ``y = u·u + k0``, ``p = y``, then
+    ``p = p·y + k_i`` for ``i = 1, 2, …``, and ``level(k) = p·u``; every operation rounded to fp16 (one fused
+    multiply-add each, :func:`_polynomial_levels`). Degree 1 has no numbers: ``level(k) = u``.
 
-    Degree 3 is monic, ``t + t³`` (``c1 = c3 = 1``), one fma on ``w`` and ``t`` (``w·t + t``); ``r`` sets its
-    shape and :func:`level_unit` its scale (:func:`_cubic_form`). ``r`` has at most ``bits`` significant bits:
-    a kernel makes ``t`` from the code's fp16 number ``1024 + 2^(a−1)·(2k + 1)`` in one fma whose constant
-    ``r·(2^(11−a−bits) + 1)`` must be an fp16 number for every field position ``a ≥ 1``.
-
-    Other degrees have ``r = 1`` (``t = u``) and the coefficients of
-    :func:`~.codebooks.odd_polynomial_codebook` divided by ``√d``. A degree-1 coefficient keeps ``11 − bits``
-    significant bits, so that every level ``c1·(2k + 1)/2^bits`` is an fp16 number exactly and the grid exactly
-    uniform (its steps equal: what reading the codes as fields in place takes)."""
-    if POLYNOMIAL_LEVELS[bits] == 3:
-        return (_cubic_form(int(d), int(bits))[0], 1.0, 1.0)
-    coef = torch.tensor(odd_polynomial_codebook(d, bits, POLYNOMIAL_LEVELS[bits]), dtype=torch.float64)
-    return (1.0,) + tuple(_round_fp16(coef / d ** 0.5, 11 - bits if len(coef) == 1 else 11).tolist())
+    That is :func:`~.codebooks.odd_polynomial_codebook`'s odd polynomial divided by its top coefficient, which
+    :func:`level_unit` is (the stored norm carries it), written as a polynomial in ``w = u²`` that is monic and
+    shifted by ``k0`` to lose its second-highest power (depressed), so that Horner's rule in ``y`` starts at
+    ``y`` itself: degree 3 ``y·u``, 5 ``(y² + k1)·u``, 7 ``(y³ + k1·y + k2)·u``. One operation fewer than
+    Horner's rule on the free coefficients in ``w`` (``w = u·u`` made apart): a kernel makes ``u`` from the
+    code's bits in one fma (:func:`~turboquant.templates.code_operands._polynomial_asm`), then ``degree/2 + 1``
+    more for the level."""
+    return _level_form(int(d), int(bits))[0]
 
 
 def level_unit(d: int, bits: int) -> float:
     """What one unit of :func:`turbo_centroids` is worth in the quantizer's levels (float64; units of the unit
-    vector's coordinates): the monic cubic's scale for degree-3 widths (:func:`_cubic_form`), else 1. The norm
-    stored with the codes carries it: rescaled (``rescale_norm``), it is the norm over the table levels' norm;
-    else the norm times this."""
-    return _cubic_form(int(d), int(bits))[1] if POLYNOMIAL_LEVELS.get(bits) == 3 else 1.0
+    vector's coordinates): a :data:`POLYNOMIAL_LEVELS` width's top coefficient (:func:`level_polynomial`), else
+    1. The norm stored with the codes carries it: rescaled (``rescale_norm``), it is the norm over the table
+    levels' norm; else the norm times this."""
+    return _level_form(int(d), int(bits))[1] if bits in POLYNOMIAL_LEVELS else 1.0
 
 
 @functools.lru_cache(maxsize=None)
-def _cubic_form(d: int, bits: int) -> tuple:
-    """``(r, unit)`` of the monic cubic levels ``unit·(t + t³)``, ``t = r·u`` (:func:`level_polynomial`): from
-    :func:`~.codebooks.odd_polynomial_codebook`'s ``c1·u + c3·u³`` (``r = √(c3/c1)``, ``unit = c1/r``), ``r``
-    among the numbers of at most ``bits`` significant bits within a factor 1.25 of that (of 1/16 at least), each
-    with its best scale (:func:`_best_unit`); the one of least MSE. ``unit`` in the unit vector's coordinates."""
-    c1, c3 = odd_polynomial_codebook(d, bits, 3)  # units of 1/√d
-    # tiny head dims' coordinates are not near normal (head_dim 3: uniform, c3 ≈ 0): nearly a uniform grid
-    r0 = max((max(c3, 0.0) / c1) ** 0.5, 2.0 ** -4)
-    top = math.floor(math.log2(r0))
-    candidates = [m * 2.0 ** (e - bits + 1) for e in (top - 1, top, top + 1) for m in range(1 << (bits - 1), 1 << bits)]
-    best = None
-    for r in (r for r in candidates if r0 / 1.25 <= r <= r0 * 1.25):
-        shape = _polynomial_levels(bits, (r, 1.0, 1.0))
-        unit = _best_unit(d, shape, c1 / r)
-        mse = levels_mse(d, unit * shape)
-        if best is None or mse < best[0]:
-            best = (mse, r, unit)
-    return best[1], best[2] / d ** 0.5
+def _level_form(d: int, bits: int) -> tuple:
+    """``(ks, unit)`` of :func:`level_polynomial` and :func:`level_unit`: the depressed monic form of
+    :func:`~.codebooks.odd_polynomial_codebook`'s coefficients (``a_i = c_(2i+1) / c_top`` in ``w = u²``, then
+    ``Q(y − k0)`` with ``k0 = a_(n−1)/n``), its numbers rounded to fp16, and the unit of least MSE for the levels
+    they give (:func:`_best_unit`, from ``c_top``). Where the top coefficient is next to nothing (tiny head dims,
+    whose coordinates are not near normal: at head_dim 3 they are uniform and so are the Lloyd–Max levels), the
+    numbers leave fp16's range or the levels their order: the next lower degree then."""
+    for degree in range(POLYNOMIAL_LEVELS[bits], 0, -2):
+        coef = odd_polynomial_codebook(d, bits, degree)  # c1, c3, …: units of 1/√d
+        a = [c / coef[-1] for c in coef]
+        n = len(a) - 1
+        ks = ()
+        if n:
+            k0 = a[n - 1] / n
+            b = [sum(a[i] * math.comb(i, j) * (-k0) ** (i - j) for i in range(j, n + 1)) for j in range(n + 1)]
+            ks = tuple(_round_fp16(torch.tensor([k0] + b[n - 2::-1] if n > 1 else [k0], dtype=torch.float64)).tolist())
+        shape = _polynomial_levels(bits, ks)
+        if all(abs(k) <= FP16_MAX for k in ks) and bool(shape.abs().max() <= FP16_MAX) and bool(
+                (shape[1:] > shape[:-1]).all()):
+            break
+    return ks, _best_unit(d, shape, coef[-1]) / d ** 0.5
 
 
 def _best_unit(d: int, shape: torch.Tensor, unit: float, steps: int = 40) -> float:
@@ -145,20 +144,19 @@ def _round_fp16(x: torch.Tensor, significant: int = 11) -> torch.Tensor:
     return torch.round(x / ulp) * ulp
 
 
-def _polynomial_levels(bits: int, coefs: tuple) -> torch.Tensor:
-    """The levels of ``coefs`` (:func:`level_polynomial`) as fp16 arithmetic gives them, in float64:
+def _polynomial_levels(bits: int, ks: tuple) -> torch.Tensor:
+    """The levels of ``ks`` (:func:`level_polynomial`) as fp16 arithmetic gives them, in float64:
     the operations a kernel runs (``fma.rn.f16x2``/``mul.rn.f16x2``), each result rounded once (a
-    product of two fp16 numbers and the sum with a third are exact in float64). ``t = r·u`` is exact in
-    fp16 (``u`` has at most ``bits`` significant bits, ``r`` as many). Odd: ``level(2^bits − 1 − k) =
-    −level(k)``, since rounding to nearest is."""
-    t = _round_fp16(coefs[0] * code_offsets(bits))
-    w = _round_fp16(t * t)
-    if tuple(coefs[1:]) == (1.0, 1.0):  # the monic cubic: w·t + t, one fma
-        return _round_fp16(w * t + t)
-    p = torch.full_like(t, coefs[-1])
-    for c in reversed(coefs[1:-1]):
-        p = _round_fp16(p * w + c)
-    return _round_fp16(p * t)
+    product of two fp16 numbers and the sum with a third are exact in float64). ``u`` is exact in
+    fp16 (at most ``bits + 1`` significant bits). Odd: ``level(2^bits − 1 − k) = −level(k)``, since
+    rounding to nearest is."""
+    u = code_offsets(bits)
+    if not ks:
+        return u
+    p = y = _round_fp16(u * u + ks[0])
+    for k in ks[1:]:
+        p = _round_fp16(p * y + k)
+    return _round_fp16(p * u)
 
 
 def _fp16_levels(d: int, bits: int) -> torch.Tensor:

@@ -393,21 +393,18 @@ def _polynomial_asm(bits, lut, s):
     planes 0 and 1, ``shr 7`` for 2 and 3: ptxas shares each between two planes), then one ``lop3`` keeps the
     field and sets the rest. 3-bit: one ``lop3`` (``mad`` and an AND at bit 0) on four bytes, and a permute per
     two codes that puts them in 16-bit lanes under the exponent's byte (two permutes, then a ``lop3`` each,
-    for a field that straddles two bytes). Then ``t = x·r·2^(1−a−bits) − r·(2^(11−a−bits) + 1) = r·u``, ``u =
-    (2k + 1)/2^bits − 1`` (exact: ``r`` has at most ``bits`` significant bits, so both constants are fp16
-    numbers, and so is the result), ``w = t·t``, then the monic cubic's ``w·t + t`` (3/4-bit: three fp16x2
-    operations in all), or Horner's rule over ``w`` from the top coefficient (one ``fma`` each) times ``t``:
-    the operations and roundings of :func:`~turboquant.quant.turbo._polynomial_levels`, whose values the table
-    holds (``.rn``: ptxas keeps every rounding). No memory, no shuffle: 8-bit's 256-entry table was a shared-memory gather per code
+    for a field that straddles two bytes). Then ``u = x·2^(1−a−bits) − (2^(11−a−bits) + 1) = (2k + 1)/2^bits −
+    1`` (exact: both constants are fp16 numbers, and so is the result), ``y = u·u + k0``, Horner's rule in ``y``
+    from ``y`` itself (one ``fma`` a further number), times ``u``: 3 fp16x2 operations per two codes at 3/4 bits,
+    5 at 8 (:func:`~turboquant.quant.turbo.level_polynomial`'s depressed monic form; Horner's rule on the free
+    coefficients in ``w = u·u`` took one more). The operations and roundings of
+    :func:`~turboquant.quant.turbo._polynomial_levels`, whose values the table holds (``.rn``: ptxas keeps every
+    rounding). No memory, no shuffle: 8-bit's 256-entry table was a shared-memory gather per code
     (:func:`_lookup`), 3/4-bit tables a warp shuffle per code (:func:`_shuffle_lut_asm`)."""
     bits, s = int(bits), int(s)
-    words = [int(x, 16) for x in _lut_words(lut).split(",")]
-    r, coefs = _fp16_value(words[0]), words[1:]
-    monic_cubic = coefs == [_fp16x2_word(1.0)] * 2  # t + t³: w·t + t, one fma
-    if monic_cubic:
-        coefs = []
+    coefs = [int(x, 16) for x in _lut_words(lut).split(",") if x]
     regs = "".join(f", c{i}" for i in range(len(coefs)))
-    asm = ("{ .reg .b32 x, y, t, u, w, p, k, e" + regs + "; "
+    asm = ("{ .reg .b32 x, y, t, u, v, w, p, k, e" + regs + "; "
            + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs)))
     srcs, outs = ["x"], ["$0"]
     if bits == 8:
@@ -436,40 +433,35 @@ def _polynomial_asm(bits, lut, s):
         asm += "shl.b32 x, $1, 1; " if shift == -1 else f"shr.b32 x, $1, {shift}; " if shift else "mov.b32 x, $1; "
         asm += (f"mov.b32 k, {(0x6400 | 1 << (at - 1)) * 0x10001:#010x}; "
                 f"lop3.b32 x, x, {(((1 << bits) - 1) << at) * 0x10001:#010x}, k, 0xEA; ")
-    scale, offset = _fp16x2_word(r * 2.0 ** (1 - at - bits)), _fp16x2_word(-r * (2.0 ** (11 - at - bits) + 1))
+    scale, offset = _fp16x2_word(2.0 ** (1 - at - bits)), _fp16x2_word(-(2.0 ** (11 - at - bits) + 1))
     asm += f"mov.b32 w, {scale:#010x}; mov.b32 k, {offset:#010x}; "
-    top = len(coefs) - 1
     for src, out in zip(srcs, outs):
-        asm += f"fma.rn.f16x2 u, {src}, w, k; mul.rn.f16x2 t, u, u; "
-        if monic_cubic:
-            asm += f"fma.rn.f16x2 {out}, t, u, u; "
-        else:
-            horner = "".join(f"fma.rn.f16x2 p, p, t, c{i}; " for i in reversed(range(top)))
-            asm += f"mov.b32 p, c{top}; {horner}mul.rn.f16x2 {out}, p, u; "
+        asm += f"fma.rn.f16x2 u, {src}, w, k; "
+        if not coefs:  # degree 1: the level is u
+            asm += f"mov.b32 {out}, u; "
+            continue
+        asm += "fma.rn.f16x2 v, u, u, c0; "  # y = u² + k0, and p = y
+        p = "v"
+        for i in range(1, len(coefs)):
+            asm += f"fma.rn.f16x2 p, {p}, v, c{i}; "
+            p = "p"
+        asm += f"mul.rn.f16x2 {out}, {p}, u; "
     return asm + "}"
 
 
 @triton.constexpr_function
 def _fp16x2_word(value):
     """An fp16 number (exact) in both halves of a word."""
-    import struct  # here: Triton's dependency walk of a constexpr function refuses a module's builtins
-
-    bits = struct.unpack("<H", struct.pack("<e", float(value)))[0]
-    assert _fp16_value(bits) == float(value), value
-    return bits * 0x10001
-
-
-@triton.constexpr_function
-def _fp16_value(word):
-    """The fp16 number in a word's low half."""
     import struct
 
-    return struct.unpack("<e", struct.pack("<H", int(word) & 0xFFFF))[0]
+    bits = struct.unpack("<H", struct.pack("<e", float(value)))[0]
+    assert struct.unpack("<e", struct.pack("<H", bits))[0] == float(value), value
+    return bits * 0x10001
 
 
 def _polynomial_words(spec: TensorQuantSpec, d: int) -> str:
     """:func:`~turboquant.quant.turbo.level_polynomial`'s numbers as ``fp16x2`` words (the number in both
-    halves): ``r``, then the coefficients, lowest power first."""
+    halves), ``k0`` first."""
     return ",".join(f"{_fp16x2_word.fn(c):#x}" for c in level_polynomial(d, spec.bits))
 
 
