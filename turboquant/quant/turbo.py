@@ -41,15 +41,15 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # 8-bit decode attention at 0.45–0.65× bf16's speed on the H200 (1.20× at 32K computed; benchmarks/RESULTS.md);
 # 3/4-bit tables were a warp shuffle per code, whose latency held their loops (ncu, H100, 32K: a third of the
 # stall samples short-scoreboard waits on the shuffles; forty-sixth session). MSE over Lloyd–Max's at head_dim
-# 64–256: 8-bit degree 7 1.04–1.05× (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×); 4-bit degree 3
-# 1.018–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
-# 1.19–1.21×); 3-bit degree 3 1.0021× (degree 1: 1.076–1.082×). Degree 3 is the monic cubic ``t + t³`` of a
-# scaled code offset (:func:`level_polynomial`), three fp16x2 operations per two codes where Horner's rule on
-# ``c1·u + c3·u³`` took four; its scale rides on the stored norm (:func:`level_unit`). Against that free cubic
-# (forty-seventh session) the MSE moved 1.0169–1.0191× → 1.0178–1.0190× at 4 bits, 1.0018–1.0021× → 1.0021×
-# at 3 bits.
-# 2-bit degree 1, a uniform grid: 1.011× (head_dim 64–256), whose levels the kernel reads as fields in place with
-# no second operand for the code's low bit (:func:`~turboquant.templates.code_operands._linear_level_words`, γ = 0).
+# 64–256: 8-bit degree 7 1.041–1.047× (degree 5: 1.09–1.11×, degree 3: 1.26–1.30×); 4-bit degree 3
+# 1.017–1.019× (degree 5: 1.0015–1.0017×, one more instruction per two codes; degree 1, a uniform grid:
+# 1.19–1.21×); 3-bit degree 3 1.0019–1.0021× (degree 1: 1.076–1.082×); 2-bit degree 1, a uniform grid,
+# 1.0105–1.0113×, whose levels the kernel reads as fields in place with no second operand for the code's low
+# bit (:func:`~turboquant.templates.code_operands._linear_level_words`, γ = 0). The polynomial is kept divided by
+# its top coefficient, which the stored norm carries (:func:`level_unit`), in a depressed form that takes one
+# operation fewer than Horner's rule on its free coefficients (:func:`level_polynomial`; 3/4-bit 3 fp16x2
+# operations per two codes, 8-bit 5; sm_90 SASS of the decode loop at 32K, warp instructions per key: 4-bit
+# 29.11 → 25.08, 3-bit 34.23 → 30.48, 8-bit 43.41 → 39.31; forty-eighth session).
 POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
 FP16_MAX = 65504.0
 
