@@ -51,7 +51,6 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # operations per two codes, 8-bit 5; sm_90 SASS of the decode loop at 32K, warp instructions per key: 4-bit
 # 29.11 → 25.08, 3-bit 34.23 → 30.48, 8-bit 43.41 → 39.31; forty-eighth session).
 POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
-FP16_MAX = 65504.0
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -121,10 +120,11 @@ def _level_form(d: int, bits: int) -> tuple:
         if n:
             k0 = a[n - 1] / n
             b = [sum(a[i] * math.comb(i, j) * (-k0) ** (i - j) for i in range(j, n + 1)) for j in range(n + 1)]
-            ks = tuple(_round_fp16(torch.tensor([k0] + b[n - 2::-1] if n > 1 else [k0], dtype=torch.float64)).tolist())
+            ks = [k0] + [b[j] for j in range(n - 2, -1, -1)]  # b[n] = 1, b[n-1] = 0
+            ks = tuple(_round_fp16(torch.tensor(ks, dtype=torch.float64)).tolist())
         shape = _polynomial_levels(bits, ks)
-        if all(abs(k) <= FP16_MAX for k in ks) and bool(shape.abs().max() <= FP16_MAX) and bool(
-                (shape[1:] > shape[:-1]).all()):
+        top = torch.finfo(torch.float16).max
+        if all(abs(k) <= top for k in ks) and bool(shape.abs().max() <= top) and bool((shape[1:] > shape[:-1]).all()):
             break
     return ks, _best_unit(d, shape, coef[-1]) / d ** 0.5
 
@@ -139,12 +139,11 @@ def _best_unit(d: int, shape: torch.Tensor, unit: float, steps: int = 40) -> flo
     return unit
 
 
-def _round_fp16(x: torch.Tensor, significant: int = 11) -> torch.Tensor:
+def _round_fp16(x: torch.Tensor) -> torch.Tensor:
     """float64 ``x`` rounded to the nearest fp16 number (ties to even), as float64: one rounding, where
-    ``x.to(torch.float16)`` may round through float32 first; with ``significant`` < 11, to that many
-    significant bits."""
+    ``x.to(torch.float16)`` may round through float32 first."""
     _, e = torch.frexp(x)
-    ulp = torch.ldexp(torch.ones_like(x), (e - significant).clamp(min=-24))  # fp16: 11 bits, subnormals 2^-24
+    ulp = torch.ldexp(torch.ones_like(x), (e - 11).clamp(min=-24))  # fp16: 11 bits, subnormals 2^-24
     return torch.round(x / ulp) * ulp
 
 

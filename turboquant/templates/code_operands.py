@@ -402,7 +402,7 @@ def _polynomial_asm(bits, lut, s):
     rounding). No memory, no shuffle: 8-bit's 256-entry table was a shared-memory gather per code
     (:func:`_lookup`), 3/4-bit tables a warp shuffle per code (:func:`_shuffle_lut_asm`)."""
     bits, s = int(bits), int(s)
-    coefs = [int(x, 16) for x in _lut_words(lut).split(",") if x]
+    coefs = [int(x, 16) for x in _lut_words(lut).split(",")]  # k0, k1, …: degree 3 or more (degree 1 is "lin")
     regs = "".join(f", c{i}" for i in range(len(coefs)))
     asm = ("{ .reg .b32 x, y, t, u, v, w, p, k, e" + regs + "; "
            + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs)))
@@ -436,11 +436,7 @@ def _polynomial_asm(bits, lut, s):
     scale, offset = _fp16x2_word(2.0 ** (1 - at - bits)), _fp16x2_word(-(2.0 ** (11 - at - bits) + 1))
     asm += f"mov.b32 w, {scale:#010x}; mov.b32 k, {offset:#010x}; "
     for src, out in zip(srcs, outs):
-        asm += f"fma.rn.f16x2 u, {src}, w, k; "
-        if not coefs:  # degree 1: the level is u
-            asm += f"mov.b32 {out}, u; "
-            continue
-        asm += "fma.rn.f16x2 v, u, u, c0; "  # y = u² + k0, and p = y
+        asm += f"fma.rn.f16x2 u, {src}, w, k; fma.rn.f16x2 v, u, u, c0; "  # y = u² + k0, and p = y
         p = "v"
         for i in range(1, len(coefs)):
             asm += f"fma.rn.f16x2 p, {p}, v, c{i}; "
