@@ -153,6 +153,8 @@ def main(argv=None):
                    help="turbo's Hadamard rotation plane by plane (default), or read as a matrix")
     p.add_argument("--block-sums", action=argparse.BooleanOptionalAction, default=None,
                    help="value dots summed per block by fp32 adds (default: the plan's)")
+    p.add_argument("--zero-drain", type=int, default=None,
+                   help="affine values' zero point out of the MMA accumulators every N blocks (default: the plan's)")
     p.add_argument("--shuffle-lut", action=argparse.BooleanOptionalAction, default=None,
                    help="turbo centroids by warp shuffles from a per-lane table register (default: the plan's)")
     p.add_argument("--polynomial-levels", action=argparse.BooleanOptionalAction, default=None,
@@ -179,7 +181,7 @@ def main(argv=None):
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
-        block_sums=a.block_sums, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
+        block_sums=a.block_sums, zero_drain=a.zero_drain, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
         query_row_load=a.query_row_load, linear_levels=a.linear_levels)
     if a.dump:

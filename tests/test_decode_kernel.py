@@ -246,6 +246,21 @@ def test_value_block_sums_match_the_oracle(method, bits, warps):
     assert _rel(sums, mma.double()) < 1e-4
 
 
+@pytest.mark.parametrize("method, bits, keys_major", [("affine", (8, 8), True), ("affine", (4, 4), True),
+                                                      ("affine", (4, 2), False), ("turbo", (2, 2), True)])
+def test_value_zero_drain_matches_the_oracle(method, bits, keys_major):
+    # the values' zero point drained from the MMA accumulators every other block (zero_drain) against the oracle
+    # and against the same dots summed per block: the same products and fp32 sums in another order
+    args = dict(B=2, hkv=2, g=4, L=1, S=77, D=128 if keys_major else 64, mask="padded", seed=bits[1], num_warps=1,
+                num_splits=2, keys_major=keys_major, row_groups=None if keys_major else 1)
+    drained, ref = _case(method, *bits, zero_drain=2, block_sums=False, **args)
+    sums, _ = _case(method, *bits, block_sums=True, **args)
+    assert _rel(drained, ref) < TOL
+    assert _rel(drained, sums.double()) < 1e-4
+    with pytest.raises(ValueError, match="zero_drain=2"):
+        _case(method, *bits, zero_drain=2, block_sums=True, **args)
+
+
 def test_softcap_scale_bf16_and_length_one():
     out, ref = _case("affine", 8, 4, B=1, hkv=2, g=8, L=1, S=1, D=64, mask=None, seed=9, dtype=torch.bfloat16,
                      softcap=5.0, scale=0.3)

@@ -740,7 +740,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
-                        occupancy_cap=None, query_row_load=None, linear_levels=None)
+                        occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -755,7 +755,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels) = tuning
+     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -833,6 +833,12 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                            bool(keys_major)) for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
                 for s in (k_spec, v_spec)]
+    v_fields = v_spec.method == "affine" or _lut_kind.fn(luts[1]) == "lin"
+    if zero_drain and not (one_warp and row_groups == 1 and v_fields and not block_sums):
+        raise ValueError(f"zero_drain={zero_drain} takes one-warp programs of one row group whose values are fields "
+                         f"in place (affine, or 2-bit turbo's linear levels) without block sums; got {num_warps} "
+                         f"warps, row_groups={row_groups}, {v_spec.method} {v_spec.bits}-bit values, "
+                         f"block_sums={block_sums}")
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
@@ -862,7 +868,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         K_HADAMARD=k_turbo and is_power_of_two(D), V_HADAMARD=v_turbo and is_power_of_two(D),
         K_PLANE_H=k_turbo and is_power_of_two(D) and planes_h[0],
         V_PLANE_H=v_turbo and is_power_of_two(D) and planes_h[1],
-        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_keys, _lut_kind.fn(luts[1]) == "lin") if block_sums is None
+        BLOCK_SUMS=(_block_sums(v_spec, row_groups, split_keys, v_fields) and not zero_drain if block_sums is None
                     else bool(block_sums)),
         SKIP_RESCALE=one_warp, NG=row_groups, ROTATE=one_warp if rotate_blocks is None else bool(rotate_blocks),
         # Triton 3.6's interpreter passes scalars as 1-element arrays, which numpy ≥ 2.4 will not
@@ -874,7 +880,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          constant_rows is not False),
         Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile),
         KEYS_MAJOR=bool(keys_major),
-        Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load))
+        Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
+        ZERO_DRAIN=int(zero_drain or 0))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -911,7 +918,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
                      occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
-                     linear_levels: Optional[bool] = None) -> torch.Tensor:
+                     linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -958,6 +965,10 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``linear_levels``: 2-bit turbo codes read as fields in place, their levels being linear in the code's bits
     (True), or looked up in their table (False); by default in keys-major tiles and four-warp programs
     (:func:`_linear_levels`; the same numbers up to fp16 roundings of the operands, as affine codes').
+    ``zero_drain``: every this many blocks the values' zero-point sum leaves the MMA accumulators (in the
+    one-warp loop's rescaling branch), which bounds the sums the MMAs' truncating adds work on as block sums do,
+    with one add an element per ``zero_drain`` blocks instead of one per block (one-warp
+    tiles of one row group whose values are fields in place, block sums off).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -966,7 +977,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels)
+              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

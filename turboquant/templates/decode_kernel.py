@@ -38,7 +38,7 @@ def _decode_split_kernel(
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-    Q_ROW_LOAD: tl.constexpr,
+    Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -48,6 +48,9 @@ def _decode_split_kernel(
     tl.static_assert(VPW >= 16)
     # KEYS_MAJOR (_keys_major): scores [keys, rows] = K·Qᵀ and accumulators [dims, rows] = Vᵀ·Pᵀ
     tl.static_assert(not KEYS_MAJOR or (NG == 1 and not Q_SUM_TILE))
+    # ZERO_DRAIN: fields in place (affine values, linear turbo levels), one row group, one-warp rescaling
+    tl.static_assert(ZERO_DRAIN == 0 or (SKIP_RESCALE and NG == 1 and not BLOCK_SUMS
+                                         and (not V_TURBO or _lut_kind(V_LUT) == "lin")))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
     # turbo codes whose levels are linear in their bits ("lin", _linear_level_words) are fields in place, as
     # affine codes: K_TABLE says whether the keys' codes become table values (worth 1 each)
@@ -211,9 +214,13 @@ def _decode_split_kernel(
             # (four-warp programs rescale as the accumulators enter the value dots below, where
             # this path's factor is 1: 4% fewer loop instructions for four-warp affine 2-bit than
             # rescaling them here, sm_90 SASS)
-            if tl.max((m_new > m_i).to(tl.int32), axis=0) > 0:
+            rescale = tl.max((m_new > m_i).to(tl.int32), axis=0) > 0
+            if ZERO_DRAIN > 0:  # and every ZERO_DRAIN blocks, the values' zero point out of the accumulators
+                rescale = rescale | (i % ZERO_DRAIN == ZERO_DRAIN - 1)
+            if rescale:
                 l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _rescaled(
-                    tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP, KEYS_MAJOR)
+                    tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP, KEYS_MAJOR, ZERO_DRAIN > 0,
+                    V_BITS)
             alpha = tl.full([M], 1.0, tl.float32)
         else:
             alpha = tl.exp2(m_i - m_safe)
@@ -315,22 +322,37 @@ def _row_stride(stride, ROW: tl.constexpr):
 
 
 @triton.jit
-def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
+def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexpr, KEYS_MAJOR: tl.constexpr = False,
+              DRAIN: tl.constexpr = False, V_BITS: tl.constexpr = 0):
     """The running sums of a split (normaliser, value zero-point sum, the ``VP`` used accumulators)
-    times ``alpha``, the drop of each row's running max (``2^(m_old − m_new)``)."""
+    times ``alpha``, the drop of each row's running max (``2^(m_old − m_new)``). With ``DRAIN`` the value
+    accumulators (fields in place) also give up the zero point's sum so far, which leaves ``z_acc`` at 0: what
+    the MMAs then add to is near the output's size, not the codes' (``ZERO_DRAIN``)."""
     a_b = _per_row(alpha, KEYS_MAJOR)
-    a0 = a0 * a_b
+    z_a = z_acc * alpha
+    a0 = _rescaled_plane(a0, a_b, z_a, 0, KEYS_MAJOR, DRAIN, V_BITS)
     if VP > 1:
-        a1 = a1 * a_b
+        a1 = _rescaled_plane(a1, a_b, z_a, 1, KEYS_MAJOR, DRAIN, V_BITS)
     if VP > 2:
-        a2 = a2 * a_b
-        a3 = a3 * a_b
+        a2 = _rescaled_plane(a2, a_b, z_a, 2, KEYS_MAJOR, DRAIN, V_BITS)
+        a3 = _rescaled_plane(a3, a_b, z_a, 3, KEYS_MAJOR, DRAIN, V_BITS)
     if VP > 4:
-        a4 = a4 * a_b
-        a5 = a5 * a_b
-        a6 = a6 * a_b
-        a7 = a7 * a_b
-    return l_i * alpha, z_acc * alpha, a0, a1, a2, a3, a4, a5, a6, a7
+        a4 = _rescaled_plane(a4, a_b, z_a, 4, KEYS_MAJOR, DRAIN, V_BITS)
+        a5 = _rescaled_plane(a5, a_b, z_a, 5, KEYS_MAJOR, DRAIN, V_BITS)
+        a6 = _rescaled_plane(a6, a_b, z_a, 6, KEYS_MAJOR, DRAIN, V_BITS)
+        a7 = _rescaled_plane(a7, a_b, z_a, 7, KEYS_MAJOR, DRAIN, V_BITS)
+    if DRAIN:
+        z_a = z_a * 0.0
+    return l_i * alpha, z_a, a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _rescaled_plane(a, a_b, z_a, S: tl.constexpr, KEYS_MAJOR: tl.constexpr, DRAIN: tl.constexpr, V_BITS: tl.constexpr):
+    """Plane ``S``'s accumulator times ``alpha`` (:func:`_rescaled`), less ``z_a`` in the plane's field units with
+    ``DRAIN``."""
+    if DRAIN:
+        return a * a_b - _per_row(z_a * _field_unit(V_BITS, False, S), KEYS_MAJOR)
+    return a * a_b
 
 
 @triton.jit
