@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from turboquant import KVQuantConfig, dequantize_kv, quantize_kv, reference_attention
 from turboquant.quant.affine import metadata_word
-from turboquant.quant.turbo import POLYNOMIAL_LEVELS
+from turboquant.quant.turbo import POLYNOMIAL_LEVELS, row_grid
 from turboquant.testing import KERNEL_REL_TOL
 
 pytest.importorskip("triton")
@@ -398,8 +398,7 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
             assert got == [[table[c] for c in lane] for lane in codes], s
 
 
-@pytest.mark.parametrize("bits", [3, 4, 8])
-@pytest.mark.parametrize("D", [64, 80, 128, 256])
+@pytest.mark.parametrize("bits, D", [(b, D) for b in (3, 4, 8) for D in (64, 80, 128, 256) if not row_grid(D, b)])
 def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
     """The PTX of the level polynomial (GPU only) against the table: every code of every plane becomes the
     fp16 bits of its level, whatever the bits beside its field. 4/8-bit: two int16 row words; 3-bit: four
@@ -441,16 +440,21 @@ def test_lookup_defaults_where_they_were_faster():
     # 2-bit codes as fields in place, no lookup, in four-warp programs (short caches) and keys-major one-warp tiles
     # (their levels are a uniform grid). With polynomial_levels=False, 3- and
     # 4-bit codes take warp shuffles, and without those 3-bit codes take the permutes in four-warp programs and
-    # 4-bit ones the gather; 8-bit ones the gather (256 entries). Affine reads no table.
+    # 4-bit ones the gather; 8-bit ones the gather (256 entries). Affine reads no table. 8-bit rows of head_dim
+    # 128 are a grid of their own (row_grid): fields in place in every tile, and affine 8-bit's warps; head_dim 256
+    # keeps the polynomial.
     for bits in (2, 3, 4, 8):
         cfg = KVQuantConfig(method="turbo", bits=bits)
-        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if bits != 2 else ""  # 2-bit: a uniform grid
+        grid = bits == 2 or row_grid(128, bits)  # a uniform grid: fields in place
+        poly = f"poly:{co._polynomial_words(cfg.spec('k'), 128)}" if not grid else ""
         words = co._register_lut_words(cfg.spec("k"), 128) if bits <= 4 else ""
+        if bits == 8:
+            assert _plan_options(cfg, 1024, D=256)[1]["K_LUT"] == f"poly:{co._polynomial_words(cfg.spec('k'), 256)}"
         for S in (1024, 4096):
             options, default = _plan_options(cfg, S)
             one_warp = options["num_warps"] == 1
-            assert one_warp == ((S == 4096 and bits in (2, 3, 4)) or bits == 8)
-            if bits == 2:  # fields in place in keys-major one-warp tiles and in four-warp programs
+            assert one_warp == (S == 4096 or (bits == 8 and not grid))
+            if grid:  # fields in place in keys-major one-warp tiles and in four-warp programs
                 assert default["K_LUT"] == default["V_LUT"] == f"lin:{co._linear_level_words(cfg.spec('k'), 128)}"
             else:
                 assert default["K_LUT"] == default["V_LUT"] == (poly or f"prmt:{words}"), (bits, S)
@@ -463,15 +467,15 @@ def test_lookup_defaults_where_they_were_faster():
                 on = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True, **looked_up)[1]
                 assert on["K_LUT"] == on["V_LUT"] == (f"{kind}:{words}" if bits <= 4 else "")
                 computed = _plan_options(cfg, S, shuffle_lut=flag, register_lut=True, linear_levels=False)[1]
-                assert computed["K_LUT"] == (poly or f"{kind}:{words}")
+                assert computed["K_LUT"] == (poly or (f"{kind}:{words}" if bits <= 4 else ""))
             off = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, linear_levels=False)[1]
             assert off["K_LUT"] == off["V_LUT"] == poly
             gather = _plan_options(cfg, S, shuffle_lut=False, register_lut=False, **looked_up)[1]
             assert gather["K_LUT"] == gather["V_LUT"] == ""
-            # linear_levels=True reads 2-bit codes as fields in place in any program, and nothing else changes
+            # linear_levels=True reads uniform grids' codes as fields in place in any program, and nothing else
             forced = _plan_options(cfg, S, linear_levels=True)[1]
-            assert forced["K_LUT"].startswith("lin:") == (bits == 2), (bits, S)
-    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096)[1]
+            assert forced["K_LUT"].startswith("lin:") == grid, (bits, S)
+    mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=8, v_bits=2), 4096, D=256)[1]
     assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("prmt:")  # 8-bit keys: row-major
     mixed = _plan_options(KVQuantConfig(method="turbo", bits=4, k_bits=3, v_bits=4), 4096)[1]
     assert mixed["K_LUT"].startswith("poly:") and mixed["V_LUT"].startswith("poly:")
@@ -824,36 +828,41 @@ def _plan(k_cfg, S, L=1, B=2, capturing=False, D=128, **tuning):
                          da._tuning(**({"use_asm": False} | tuning)), capturing)
 
 
-@pytest.mark.parametrize("method, bits, S, L, warps, block_n", [
-    ("affine", 4, 2048, 1, 1, 64), ("affine", 3, 32768, 1, 1, 64), ("affine", 2, 8192, 2, 1, 64),
-    ("affine", 8, 4096, 1, 1, 32), ("turbo", 3, 2048, 1, 1, 64), ("turbo", 2, 9000, 1, 1, 64),
-    ("affine", 4, 2047, 1, 4, 128),   # short caches: a split is mostly the program's fixed work
-    ("turbo", 4, 32768, 1, 1, 64),    # its centroids gathered by shuffles: 247.6 µs against 264.6 (H200)
-    ("turbo", 8, 32768, 1, 1, 32),    # levels computed (_polynomial_asm): one warp, 200.3 µs against 222.6
-    ("turbo", 8, 1024, 1, 1, 32),     # ... at every length: 18.29 against 21.42 at 1K (H200)
-    ("affine", 4, 32768, 8, 4, 128),  # 32 query rows: accumulators too large for one warp
+@pytest.mark.parametrize("method, bits, S, L, warps, block_n, D", [
+    ("affine", 4, 2048, 1, 1, 64, 128), ("affine", 3, 32768, 1, 1, 64, 128), ("affine", 2, 8192, 2, 1, 64, 128),
+    ("affine", 8, 4096, 1, 1, 32, 128), ("turbo", 3, 2048, 1, 1, 64, 128), ("turbo", 2, 9000, 1, 1, 64, 128),
+    ("affine", 4, 2047, 1, 4, 128, 128),   # short caches: a split is mostly the program's fixed work
+    ("turbo", 4, 32768, 1, 1, 64, 128),    # its centroids gathered by shuffles: 247.6 µs against 264.6 (H200)
+    ("turbo", 8, 32768, 1, 1, 32, 256),    # levels computed (_polynomial_asm): one warp, 200.3 µs against 222.6
+    ("turbo", 8, 1024, 1, 1, 32, 256),     # ... at every length: 18.29 against 21.42 at 1K (H200)
+    ("turbo", 8, 32768, 1, 1, 32, 128),    # a row's grid (row_grid) read as fields: affine 8-bit's rules
+    ("turbo", 8, 1024, 1, 4, 128, 128),
+    ("affine", 4, 32768, 8, 4, 128, 128),  # 32 query rows: accumulators too large for one warp
 ])
-def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n):
-    options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L)
+def test_long_caches_run_one_warp_programs(method, bits, S, L, warps, block_n, D):
+    options, consts = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L, D=D)
     assert options["num_warps"] == warps and consts["BLOCK_N"] == block_n
-    if bits == 8 and method == "turbo":  # gathered from the 256-entry table: four warps (one: 1450 µs against 410)
-        gather = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L, polynomial_levels=False)[0]
+    if bits == 8 and method == "turbo" and D > 128:  # the polynomial's levels gathered from the 256-entry table:
+        # four warps (one: 1450 µs against 410)
+        gather = _plan_options(KVQuantConfig(method=method, bits=bits), S, L=L, D=D, polynomial_levels=False)[0]
         assert gather["num_warps"] == 4
         mixed = KVQuantConfig(method=method, bits=4, k_bits=8, v_bits=4)  # 4-bit's rule at 1K: four warps
-        assert _plan_options(mixed, S, L=L)[0]["num_warps"] == (1 if S >= 2048 else 4)
+        assert _plan_options(mixed, S, L=L, D=D)[0]["num_warps"] == (1 if S >= 2048 else 4)
+    if bits == 8 and method == "turbo" and D <= 128:
+        assert consts["K_LUT"].startswith("lin:") and consts["V_LUT"].startswith("lin:")
     # 3-bit one-warp programs take 2 stages: turbo at every length, affine on splits under 2048 keys
     assert options["num_stages"] == (2 if (method, bits) == ("turbo", 3) else 3)
     if warps == 1:  # no padding rows beyond the MMA's own: affine 2/4/8-bit and turbo 2/4-bit tiles are
         # keys-major, their rows the MMAs' N side; affine 3-bit fills the 16 rows of M with row groups, turbo
         # 8-bit tiles of 4 rows take two groups and 3-bit ones four
-        keys_major = bits != 3 and (method == "affine" or bits != 8)
-        turbo_groups = {8: 2, 3: 4}.get(bits, 1) if S >= 2048 and L == 1 else 1
+        keys_major = bits != 3 and (method == "affine" or bits != 8 or D <= 128)  # 8-bit ≤ 128: a row's grid
+        turbo_groups = {8: 2 if D > 128 else 1, 3: 4}.get(bits, 1) if S >= 2048 and L == 1 else 1
         groups = (16 // (4 * L) if bits == 3 else 1) if method == "affine" else turbo_groups
         assert consts["NG"] == groups and consts["M"] == max(4, 4 * L) * groups
         assert consts["KEYS_MAJOR"] == keys_major
     else:  # four warps: GQA 4 × L rows, no padding rows (affine 4-bit at 1K: 16 rows 9.52 µs, 4 rows 7.88, H200);
         # 4-row tiles in two row groups (_four_warp_row_groups)
-        groups = 2 if L == 1 else 1
+        groups = 2 if L == 1 and (method, bits) != ("turbo", 8) else 1
         assert consts["NG"] == groups and consts["M"] == 4 * L * groups
     assert consts["SKIP_RESCALE"] == (warps == 1)
 
@@ -903,7 +912,7 @@ def test_row_groups_go_to_long_affine_splits(bits, S, num_splits, groups):
 
 
 @pytest.mark.parametrize("bits, S, L, groups", [
-    (4, 32768, 1, 2), (8, 32768, 1, 2), (3, 32768, 1, 4), ((8, 4), 32768, 1, 2), ((4, 3), 4096, 1, 4),
+    (4, 32768, 1, 2), (8, 32768, 1, 1), (3, 32768, 1, 4), ((8, 4), 32768, 1, 1), ((4, 3), 4096, 1, 4),
     (2, 32768, 1, 1), ((4, 2), 32768, 1, 1),  # 2-bit turbo: its register-table lookups took more with groups
     (4, 32768, 2, 1), (3, 32768, 2, 1),        # 8-row tiles
     (4, 1024, 1, 2), (3, 1024, 1, 1),          # short caches' four-warp programs: _four_warp_row_groups
@@ -1007,7 +1016,7 @@ def test_one_warp_splits_fill_one_wave_at_any_length(S, B):
     # splits into one wave's worth (a power-of-two split had made 32800 keys 17 splits on the H200,
     # a second wave; 132 µs against 85); four-warp programs keep power-of-two splits
     hkv, wave = 8, 8 * 4  # the plan's programs_per_sm × the CPU's stand-in of 4 SMs
-    gather = {"polynomial_levels": False}  # turbo 8-bit gathering its levels keeps four warps
+    gather = {"polynomial_levels": False, "D": 256}  # turbo 8-bit gathering its polynomial's levels: four warps
     for cfg, warps, kw in ((KVQuantConfig(method="affine", bits=4), 1, {}),
                            (KVQuantConfig(method="turbo", bits=8), 4, gather)):
         options, consts = _plan_options(cfg, S, B=B, **kw)
@@ -1309,7 +1318,8 @@ def test_keys_major_softcap_block_sums_and_a_ring(block_sums):
     ("affine", 2, 64, 32768, False),  # head_dim 64 2-bit: byte columns
     ("affine", 3, 128, 32768, False), ("affine", (4, 3), 128, 32768, False),  # 3-bit byte planes
     ("turbo", 4, 128, 32768, True), ("turbo", (2, 4), 128, 8192, True),  # turbo 2/4-bit: 5–12% faster (H100)
-    ("turbo", 8, 128, 32768, False), ("turbo", (8, 2), 128, 32768, False),  # turbo 8-bit: 1% slower
+    ("turbo", 8, 256, 32768, False), ("turbo", (8, 2), 256, 32768, False),  # turbo 8-bit's polynomial: 1% slower
+    ("turbo", 8, 128, 32768, True), ("turbo", (8, 2), 128, 32768, True),  # a row's grid: fields, as affine 8-bit
     ("turbo", 4, 64, 32768, False),  # head_dim 64: not timed
     ("affine", 4, 128, 1024, False), ("turbo", 2, 128, 1024, False),  # short caches: four-warp programs
 ])

@@ -7,7 +7,9 @@ For a head vector ``x`` of ``d`` elements:
   standard normal whatever ``x`` was;
 * each coordinate is replaced by the index of its nearest Lloyd–Max centroid
   (:mod:`.codebooks`; ties go to the lower code) — at 3, 4 and 8 bits the nearest value of an
-  odd polynomial in the code fit to them (:data:`POLYNOMIAL_LEVELS`);
+  odd polynomial in the code fit to them (:data:`POLYNOMIAL_LEVELS`), at 2 bits of a uniform grid, and at 8 bits
+  up to head_dim 128 of a uniform grid over the row's own range (:func:`row_grid`), which beats any fixed
+  codebook there;
 * decode: ``x̂ = n · (centroid[codes] / √d) @ R``.
 
 Non-finite elements are quantized as if they were 0 (before the norm and the rotation,
@@ -32,9 +34,11 @@ from .packing import byte_sources, pack_sources, slot_owners
 from .rotation import is_power_of_two, rotation_matrix, signed_hadamard
 
 __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo_rotate", "turbo_centroids",
-           "turbo_codebook_mse", "level_polynomial", "level_unit", "POLYNOMIAL_LEVELS"]
+           "turbo_codebook_mse", "level_polynomial", "level_unit", "row_grid", "POLYNOMIAL_LEVELS",
+           "ROW_GRID_HEAD_DIMS"]
 
-# bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code
+# bits -> degree: widths whose levels are the fp16 values of an odd polynomial in the code (8 bits: above
+# ROW_GRID_HEAD_DIMS' head dims)
 # (:func:`level_polynomial`) rather than a free table. A GPU kernel computes such a level from the code in
 # a few fp16x2 instructions per two codes (:func:`~turboquant.templates.code_operands._polynomial_asm`)
 # where it looked the level up: a table of 256 levels was a shared-memory gather per code, which held turbo
@@ -51,6 +55,15 @@ __all__ = ["turbo_quantize", "turbo_quantize_packed", "turbo_dequantize", "turbo
 # operations per two codes, 8-bit 5; sm_90 SASS of the decode loop at 32K, warp instructions per key: 4-bit
 # 29.11 → 25.08, 3-bit 34.23 → 30.48, 8-bit 43.41 → 39.31; forty-eighth session).
 POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
+
+# bits -> the largest head_dim whose codes are a uniform grid over each row's own range (:func:`row_grid`) instead
+# of the polynomial's fixed levels. Expected squared error of a rotated unit vector at 8 bits (the plain norm;
+# ``turbo_codebook_mse``), head_dim 64 / 80 / 96 / 128 / 256: Lloyd–Max 3.93 / 3.97 / 3.99 / 4.03 / 4.07e-5, the
+# degree-7 polynomial 4.09 / 4.14 / 4.17 / 4.21 / 4.27e-5, the row's grid 3.49 / 3.70 / 3.87 / 4.14 / 4.80e-5: a
+# range that fits the row beats any fixed codebook until the row's largest coordinate strays too far (it grows
+# as √(2 ln d)), between 128 and 256. Its codes are fields in place in the decode kernel's MMAs, as affine codes
+# are, where each polynomial level took six fp16x2 operations per two codes.
+ROW_GRID_HEAD_DIMS = {8: 128}
 
 
 def turbo_rotate(x: torch.Tensor, seed: int, *, inverse: bool = False) -> torch.Tensor:
@@ -72,8 +85,41 @@ def turbo_centroids(d: int, bits: int, *, device=None, dtype=torch.float64) -> t
 def turbo_codebook_mse(d: int, bits: int) -> float:
     """Expected squared error of one rotated unit vector quantized to the levels turbo uses (its
     fp16 levels; for :data:`POLYNOMIAL_LEVELS` widths, the polynomial's, times :func:`level_unit`):
-    :func:`~.codebooks.codebook_mse` of the levels actually searched."""
+    :func:`~.codebooks.codebook_mse` of the levels actually searched. A :func:`row_grid`'s levels are each row's:
+    the mean over 20000 random unit vectors (fixed seed)."""
+    if row_grid(d, bits):
+        return _row_grid_mse(int(d), int(bits))
     return levels_mse(d, _searched_levels(d, bits))
+
+
+def row_grid(d: int, bits: int) -> bool:
+    """Whether ``bits``-bit codes of head_dim ``d`` are a uniform grid over each row's own range
+    (:data:`ROW_GRID_HEAD_DIMS`: 8 bits up to head_dim 128) rather than fixed levels: with ``h = (2^bits − 1)/2``
+    and ``step = max|z| / h`` per row, code ``c = floor(z / step) + 2^(bits−1)`` (clamped) means ``(c − h)·step``,
+    the table level ``u_c = (c − h) / 2^(bits−1)`` (:func:`level_polynomial` of degree 1) times the row's
+    ``2^(bits−1)·step``, which the stored norm carries (rescaled, it is the norm over the table levels' norm, as
+    for every width; else the norm times it)."""
+    return int(d) <= ROW_GRID_HEAD_DIMS.get(int(bits), 0)
+
+
+def _row_grid_codes(z: torch.Tensor, top: torch.Tensor, bits: int):
+    """``(codes int32, unit float64)`` of :func:`row_grid`'s rows: ``z`` (units of ``1/√d``) and ``top``, its row's
+    largest ``|z|`` (broadcastable); ``unit`` is what one table unit is worth in ``z``'s units. In float64, where
+    eager code and a compiled graph divide alike (a GPU's float32 division need not round to nearest); a zero row's
+    codes are the two middle ones, which decode to 0 with its zero norm."""
+    half = 1 << (bits - 1)
+    top = top.double()
+    step = torch.where(top > 0, top / (half - 0.5), torch.ones_like(top))
+    codes = (torch.floor(z.double() / step) + half).clamp(0, 2 * half - 1).to(torch.int32)
+    return codes, step * half
+
+
+@functools.lru_cache(maxsize=None)
+def _row_grid_mse(d: int, bits: int, rows: int = 20000) -> float:
+    x = torch.randn(rows, d, generator=torch.Generator().manual_seed(d * 64 + bits), dtype=torch.float64)
+    z = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True) * d ** 0.5
+    codes, unit = _row_grid_codes(z, z.abs().amax(-1, keepdim=True), bits)
+    return float(((_fp16_levels(d, bits)[codes.long()] * unit - z) ** 2).sum(-1).mean() / d)
 
 
 def level_polynomial(d: int, bits: int) -> tuple:
@@ -89,6 +135,8 @@ def level_polynomial(d: int, bits: int) -> tuple:
     Horner's rule on the free coefficients in ``w`` (``w = u·u`` made apart): a kernel makes ``u`` from the
     code's bits in one fma (:func:`~turboquant.templates.code_operands._polynomial_asm`), then ``degree/2 + 1``
     more for the level."""
+    if row_grid(d, bits):
+        return ()
     return _level_form(int(d), int(bits))[0]
 
 
@@ -100,7 +148,9 @@ def level_unit(d: int, bits: int) -> float:
     ``1/level_unit`` is 5.7 / 15.8 / 10.9 / 1.9 at 2 / 3 / 4 / 8 bits; a decoded unit vector's norm in table
     units about 6.3 / 20.9 / 16.1 / 3.2), so a rescaled norm is as many times smaller than ``‖x‖``: in fp16
     metadata it meets the subnormals below ``‖x‖`` ≈ 2e-4–1.3e-3 (6e-5 when the table held the quantizer's
-    levels) and saturates above 2e5–1.4e6 (65504)."""
+    levels) and saturates above 2e5–1.4e6 (65504). A :func:`row_grid`'s unit is each row's own (NaN here)."""
+    if row_grid(d, bits):
+        return math.nan
     return _level_form(int(d), int(bits))[1] if bits in POLYNOMIAL_LEVELS else 1.0
 
 
@@ -200,14 +250,18 @@ def turbo_quantize(x: torch.Tensor, bits: int, seed: int, metadata_dtype, rescal
     d = x.shape[-1]
     xw = _finite(x)
     norm, z = _rotated(xw, seed)
-    bounds = as_constant(_level_boundaries, d, bits, device=x.device, dtype=xw.dtype)
-    codes = torch.bucketize(z, bounds).to(torch.uint8)
+    if row_grid(d, bits):
+        codes, unit = _row_grid_codes(z, z.abs().amax(-1, keepdim=True), bits)
+        codes, unit = codes.to(torch.uint8), unit * d ** -0.5
+    else:
+        bounds = as_constant(_level_boundaries, d, bits, device=x.device, dtype=xw.dtype)
+        codes, unit = torch.bucketize(z, bounds).to(torch.uint8), None
     if rescale_norm:  # ‖ŷ‖ is the rotation-free norm of the centroids the codes pick
         y = turbo_centroids(d, bits, device=x.device, dtype=xw.dtype)[codes.long()]
         y_norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
-    else:  # the table's levels are in units of level_unit
-        norm = norm * level_unit(d, bits)
+    else:  # the table's levels are in units of level_unit (a row grid's: the row's own)
+        norm = norm * (level_unit(d, bits) if unit is None else unit)
     return codes, to_metadata(norm, metadata_dtype)
 
 
@@ -293,11 +347,16 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
     else:
         norm, z = _rotated(xw, seed)
         slots = byte_sources(z, bits)
-    # [1, n] tables: Inductor inlines a 1-D constant of up to 8 entries (2- and 3-bit codebooks) as
-    # literals, and then a layer's K and V stores share no buffer to fuse over on a GPU: a kernel more
-    # per layer and decode step (H200, 2026-12-05; docs/design.md)
-    bounds = as_constant(_table_row, _level_boundaries, d, bits, device=x.device, dtype=xw.dtype)[0]
-    codes = [_codebook_search(v, bounds) for v in slots]
+    if row_grid(d, bits):  # every element is some slot's: their largest |z| is the row's
+        top = functools.reduce(torch.maximum, [v.abs() for v in slots]).amax((-2, -1))[..., None, None]
+        codes, unit = zip(*[_row_grid_codes(v, top, bits) for v in slots])
+        unit = unit[0][..., 0, :] * d ** -0.5
+    else:
+        # [1, n] tables: Inductor inlines a 1-D constant of up to 8 entries (2- and 3-bit codebooks) as
+        # literals, and then a layer's K and V stores share no buffer to fuse over on a GPU: a kernel more
+        # per layer and decode step (H200, 2026-12-05; docs/design.md)
+        bounds = as_constant(_table_row, _level_boundaries, d, bits, device=x.device, dtype=xw.dtype)[0]
+        codes, unit = [_codebook_search(v, bounds) for v in slots], None
     if rescale_norm:  # ‖ŷ‖ over the codes each element owns (3-bit codes sit in two bytes)
         squares = as_constant(_table_row, _squared_levels, d, bits, xw.dtype, device=x.device, dtype=xw.dtype)[0]
         y2 = 0
@@ -306,8 +365,8 @@ def turbo_quantize_packed(x: torch.Tensor, bits: int, seed: int, metadata_dtype,
         y_norm = y2.sum((-2, -1)).sqrt().unsqueeze(-1)
         norm = norm / torch.where(y_norm > 0, y_norm, torch.ones_like(y_norm))
     else:
-        norm = norm * level_unit(d, bits)
-    return pack_sources(codes, bits), to_metadata(norm, metadata_dtype)
+        norm = norm * (level_unit(d, bits) if unit is None else unit)
+    return pack_sources(list(codes), bits), to_metadata(norm, metadata_dtype)
 
 
 def _codebook_search(v: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:

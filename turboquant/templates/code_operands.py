@@ -311,11 +311,17 @@ def _linear_level_words(spec: TensorQuantSpec, d: int):
     and ``z`` a zero point common to every row (:func:`_lin_coef`). The same numbers as the table's, up to
     the fp16 roundings of the scaled operands, as an affine code's. Turbo's 2-bit levels are a uniform grid
     (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`): ``γ = 0`` and ``z = 1.5`` exactly, and the low bit is no
-    operand (:func:`_lin_low_bits`); the second operand serves any other symmetric table."""
-    if spec.method != "turbo" or spec.bits != 2:
+    operand (:func:`_lin_low_bits`); the second operand serves any other symmetric table. A uniform table of any
+    width is ``α·(c − z)`` with ``γ = 0``: 8-bit rows of a grid of their own (:func:`~turboquant.quant.turbo.row_grid`,
+    ``α = 2^-7``, ``z = 127.5``), whose codes are then fields in place as affine 8-bit ones."""
+    if spec.method != "turbo":
         return None
-    t = _centroids_fp16(d, 2).double().tolist()
-    if t[1] - t[0] != t[3] - t[2]:
+    t = _centroids_fp16(d, spec.bits).double().tolist()
+    steps = {b - a for a, b in zip(t, t[1:])}
+    if len(steps) == 1:
+        alpha = steps.pop()
+        return f"{alpha!r},{0.0!r},{-t[0] / alpha!r}"
+    if spec.bits != 2 or t[1] - t[0] != t[3] - t[2]:
         return None
     alpha = (t[2] - t[0]) / 2
     return f"{alpha!r},{(t[1] - t[0]) / alpha - 1.0!r},{-t[0] / alpha!r}"

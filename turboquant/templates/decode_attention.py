@@ -49,7 +49,7 @@ import triton
 from .. import compat
 from ..config import TensorQuantSpec
 from ..quant.rotation import hadamard_rotation, is_power_of_two, rotation_matrix
-from ..quant.turbo import POLYNOMIAL_LEVELS
+from ..quant.turbo import POLYNOMIAL_LEVELS, row_grid
 from .buffers import TL_DTYPES, dense_row_stride, interpreted, meta_dtype, metadata_pairs, strides_as
 from .code_operands import (_byte_cols, _centroids_fp16, _code_word_bytes, _linear_level_words, _lut_kind, _planes,
                             _polynomial_words, _register_lut_words)
@@ -113,7 +113,7 @@ PROGRAM_RESERVED_SHARED = 1024
 MAX_PADDED_SHARED = 49152
 
 
-def _computed_levels(spec: TensorQuantSpec) -> bool:
+def _computed_levels(spec: TensorQuantSpec, d: int) -> bool:
     """Whether a spec's levels are a polynomial's values, which the kernel computes from the code
     (:func:`~.code_operands._polynomial_asm`; turbo 3/4/8-bit) rather than look up, by default. H200, B=8, Hq=32,
     Hkv=8, D=128, CUDA graph µs, shuffle lookups (:func:`_shuffle_lut`) → computed, same codes, same process
@@ -123,8 +123,9 @@ def _computed_levels(spec: TensorQuantSpec) -> bool:
     with and without ``--no-polynomial-levels``), warp instructions per key: 4-bit 26.39 → 29.11, 3-bit 32.23 →
     34.23: more instructions, but fixed-latency fp16x2 arithmetic where each shuffle's result was a
     short-scoreboard wait (a third of the 4-bit loop's stall samples, ncu, H100). Not a degree-1 polynomial's
-    (2-bit's uniform grid): those codes are fields in place where :func:`_linear_levels` says, else looked up."""
-    return spec.method == "turbo" and POLYNOMIAL_LEVELS.get(spec.bits, 0) > 1
+    (2-bit's uniform grid, 8-bit's row grid up to head_dim 128: :func:`~turboquant.quant.turbo.row_grid`): those codes
+    are fields in place where :func:`_linear_levels` says, else looked up."""
+    return spec.method == "turbo" and POLYNOMIAL_LEVELS.get(spec.bits, 0) > 1 and not row_grid(d, spec.bits)
 
 
 def _gathers(spec: TensorQuantSpec) -> bool:
@@ -166,8 +167,10 @@ def _linear_levels(spec: TensorQuantSpec, d: int, keys_major: bool, one_warp: bo
     19.09 → 13.22 (affine 2-bit 12.26), 1K four-warp table 11.46 → fields 6.86. H100, CUDA graph µs, same codes,
     table → fields (2026-12-06, ``benchmarks/results/session47_gpu/decode_variants_turbo2_uniform_h100.log``): 32K
     92.58 → 61.11 (5.74× cuDNN; affine 2-bit 58.97 in the forty-fifth session), 16K 51.76 → 35.60, 4K 19.93 → 16.15,
-    1K (four-warp programs) 10.74 → 9.404. Row-major one-warp tiles (head_dim 64) keep the table: not timed since."""
-    return (keys_major or not one_warp) and _linear_level_words(spec, d) is not None
+    1K (four-warp programs) 10.74 → 9.404. Row-major one-warp tiles (head_dim 64) keep the table: not timed since.
+    8-bit rows that are a grid of their own (:func:`~turboquant.quant.turbo.row_grid`) are fields in every tile, as
+    affine 8-bit rows are: their other reading is the 256-entry gather."""
+    return (keys_major or not one_warp or row_grid(d, spec.bits)) and _linear_level_words(spec, d) is not None
 
 
 def _shuffle_lut(spec: TensorQuantSpec) -> bool:
@@ -198,7 +201,7 @@ def _lut_constexpr(spec: TensorQuantSpec, d: int, one_warp: bool, shuffle_lut: O
     if words is not None and (_linear_levels(spec, d, keys_major, one_warp) if linear_levels is None
                               else linear_levels):
         return f"lin:{words}"
-    if _computed_levels(spec) and polynomial_levels is not False:
+    if _computed_levels(spec, d) and polynomial_levels is not False:
         return f"poly:{_polynomial_words(spec, d)}"
     if not _gathers(spec):
         return ""
@@ -264,7 +267,7 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
 
 
 def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int,
-                       polynomial_levels: bool = True) -> bool:
+                       polynomial_levels: bool = True, d: int = 128) -> bool:
     """Whether a long cache's programs are one warp each (64 keys per block, 32 for 8-bit rows, 3
     stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
     max, sum and layout change of the softmax (18 per block, sm_90 SASS); one warp has none of them and
@@ -276,13 +279,14 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     spills). Turbo 4-bit, with the centroid gather of :func:`~.code_operands._lookup`: 264.6 → 247.6 (2026-12-03,
     ``benchmarks/results/decode_gather_session19/``). At 1K every width ran slower with one warp (affine
     4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed work (the query planes, the
-    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`~.code_operands._polynomial_asm`)
-    takes one warp at every length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
+    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`~.code_operands._polynomial_asm`;
+    head dims above 128, where the rows are no grid of their own: :func:`~turboquant.quant.turbo.row_grid`, read as
+    fields and planned as affine 8-bit) takes one warp at every length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
     10.78 → 10.32; 2026-12-05, ``benchmarks/results/session29_gpu/``); gathered from its 256-entry table
     (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
     entries is shuffles and selects, not a shared-memory load). A tile of more than 16 rows (5–8 query
     positions) keeps four warps: its accumulators would not fit one warp's registers."""
-    computed = [_turbo8(s) for s in (k_spec, v_spec)]
+    computed = [_turbo8(s, d) for s in (k_spec, v_spec)]
     if rows > 16 or (any(computed) and not polynomial_levels):
         return False
     return all(computed) or S >= LONG_CACHE_KEYS
@@ -307,7 +311,8 @@ def _two_warp_programs(short3: bool, rows: int, programs: int, sms: int) -> bool
     return short3 and rows <= 16 and programs >= TWO_WARP_PROGRAMS_PER_SM * sms
 
 
-def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int) -> int:
+def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int,
+                d: int = 128) -> int:
     """Row groups of a one-warp tile (:func:`_one_warp_programs`). A tile of ``rows`` query rows (4,
     or 8) fills a quarter or half of the MMA's 16 rows, and the softmax ran on all 16: its score tile
     was ``16 × block_n`` for ``rows × block_n`` scores. With ``16 / rows`` groups the tile's rows
@@ -337,8 +342,10 @@ def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, blo
     107.8 at D=128 is within one run's spread, and at D=64 two groups took the loop from 18.59 to
     23.34 warp instructions per key (sm_90 SASS; 4-bit 16.98 → 15.64, 3-bit 35.48 → 32.62, 8-bit
     25.94 → 24.12 there). Where a tile is keys-major (:func:`_keys_major_default`: affine 2/4/8-bit and
-    turbo 2/4-bit rows from head_dim 96) it has no row groups: these figures are the row-major tile's."""
-    if split_keys < LONG_SPLIT_KEYS or any(s.method == "affine" and s.bits == 8 for s in (k_spec, v_spec)):
+    turbo 2/4-bit rows from head_dim 96) it has no row groups: these figures are the row-major tile's. 8-bit rows of
+    a grid of their own (:func:`~turboquant.quant.turbo.row_grid`, fields in place) are affine 8-bit's: one group."""
+    if split_keys < LONG_SPLIT_KEYS or any((s.method == "affine" or row_grid(d, s.bits)) and s.bits == 8
+                                           for s in (k_spec, v_spec)):
         return 1
     if 3 in (k_spec.bits, v_spec.bits) and rows > 4:
         return 1
@@ -548,12 +555,13 @@ def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int,
 
 def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int) -> bool:
     """Where a one-warp tile that can be keys-major (:func:`_keys_major`) is by default: from head_dim 96
-    (not timed below), affine rows, and turbo rows of 2 and 4 bits. H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    (not timed below), affine rows, and turbo rows of 2 and 4 bits (and of 8, where they are a grid of their own read
+    as fields: :func:`~turboquant.quant.turbo.row_grid`, as affine 8-bit rows; not timed). H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
     µs, row-major → keys-major, same process (2026-12-06,
     ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
     16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
     207.3 at 32K, so not 8-bit (errors unchanged). Affine: :func:`_keys_major`'s figures."""
-    return d > 64 and all(s.method == "affine" or s.bits in (2, 4) for s in (k_spec, v_spec))
+    return d > 64 and all(s.method == "affine" or s.bits in (2, 4) or row_grid(d, s.bits) for s in (k_spec, v_spec))
 
 
 def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, split_keys: int) -> bool:
@@ -587,8 +595,10 @@ def _query_row_load(one_warp: bool, block_n: int) -> bool:
     return not (one_warp and block_n >= 128)
 
 
-def _turbo8(spec: TensorQuantSpec) -> bool:
-    return spec.method == "turbo" and spec.bits == 8
+def _turbo8(spec: TensorQuantSpec, d: int) -> bool:
+    """Whether a spec's codes are 8-bit turbo levels the kernel computes (:func:`_computed_levels`), not a row's
+    grid read as fields (:func:`~turboquant.quant.turbo.row_grid`)."""
+    return spec.method == "turbo" and spec.bits == 8 and not row_grid(d, 8)
 
 
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
@@ -767,7 +777,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if not warps_set:
         # one split of a host-bound call is the whole sequence: it keeps its four warps (four may become two
         # once the grid is known: _two_warp_programs)
-        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False)
+        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False, D)
                and not (host_bound and num_splits in (None, 1)))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1
@@ -785,7 +795,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         # 3-bit planes need the registers: turbo 523 vs 543 µs at 32K (H200); affine 142 against
         # 247 registers at the same 54 warp instructions per key (sm_90 SASS); everything else 128
         # (and short 3-bit caches, SHORT_3BIT_KEYS)
-        block_n = 64 if any(s.bits == 3 or _turbo8(s) for s in (k_spec, v_spec)) and not short3 else 128
+        block_n = 64 if any(s.bits == 3 or _turbo8(s, D) for s in (k_spec, v_spec)) and not short3 else 128
     if num_splits is None and host_bound:
         num_splits = 1  # launched from Python on a host-bound step: one launch, no merge, no workspace
     sms = _multiprocessors(q.device) if q.is_cuda else CPU_PLAN_MULTIPROCESSORS
@@ -823,7 +833,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
             block_n, num_stages = 128, 2
             split_blocks, split_keys, num_splits = _splits(S, split_keys, block_n, False)
     if row_groups is None:
-        row_groups = (_row_groups(k_spec, v_spec, M, block_n, split_keys) if one_warp
+        row_groups = (_row_groups(k_spec, v_spec, M, block_n, split_keys, D) if one_warp
                       else _four_warp_row_groups(k_spec, v_spec, M, num_warps, block_n))
     if row_groups != 1 and (row_groups not in (2, 4, 8, 16) or M * row_groups > 16 or block_n % (16 * row_groups)):
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "

@@ -36,6 +36,12 @@ def rsqrt(x):
 
 
 @triton.jit
+def floor(x):
+    # exact in both (turbo 8-bit's row grid: its codes are floors of float64 quotients)
+    return tl.floor(x)
+
+
+@triton.jit
 def exp(x):
     # the interpreter's tl.exp is numpy's; libdevice's expf is within 2 ulp of it
     return tl.exp(x)
@@ -44,7 +50,7 @@ def exp(x):
 class InterpreterLibdevice:
     """Stands in for a kernel module's ``libdevice``."""
 
-    _FNS = {"nearbyint": nearbyint, "rint": nearbyint, "sqrt": sqrt, "rsqrt": rsqrt, "exp": exp}
+    _FNS = {"nearbyint": nearbyint, "rint": nearbyint, "sqrt": sqrt, "rsqrt": rsqrt, "exp": exp, "floor": floor}
 
     def __getattr__(self, name):
         if name in self._FNS:
