@@ -181,7 +181,8 @@ def main(argv=None):
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
-        block_sums=a.block_sums, zero_drain=a.zero_drain, shuffle_lut=a.shuffle_lut, polynomial_levels=a.polynomial_levels,
+        block_sums=a.block_sums, zero_drain=a.zero_drain, shuffle_lut=a.shuffle_lut,
+        polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
         query_row_load=a.query_row_load, linear_levels=a.linear_levels)
     if a.dump:

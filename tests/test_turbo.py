@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from conftest import BITS, HEAD_DIMS
 from turboquant import KVQuantConfig, dequantize_kv, quantize_kv
 from turboquant.quant.codebooks import codebook_mse, lloyd_max_codebook
-from turboquant.quant.turbo import _round_fp16, level_polynomial, level_unit, turbo_centroids, turbo_codebook_mse, turbo_rotate
+from turboquant.quant.turbo import (_round_fp16, level_polynomial, level_unit, turbo_centroids, turbo_codebook_mse,
+                                    turbo_rotate)
 from turboquant.quant.rotation import rotation_matrix
 
 # Lloyd–Max MSE of a rotated unit vector at d = 128 (the issue's targets: within 5%)
@@ -152,7 +153,10 @@ def test_eight_bit_rows_up_to_head_dim_128_are_a_grid_of_their_own(d):
     torch.testing.assert_close(kept.norm(dim=-1), (x * 3).norm(dim=-1), rtol=1e-5, atol=0)
     mse = float(((y - turbo_rotate(x.double(), 0)) ** 2).sum(-1).mean())
     assert mse == pytest.approx(turbo_codebook_mse(d, 8), rel=0.03)
-    polynomial = lambda n: levels_mse(n, _polynomial_levels(8, _level_form(n, 8)[0]) * _level_form(n, 8)[1] * n ** 0.5)  # noqa: E731
+    def polynomial(n):  # the degree-7 levels' MSE
+        ks, unit = _level_form(n, 8)
+        return levels_mse(n, _polynomial_levels(8, ks) * unit * n ** 0.5)
+
     assert turbo_codebook_mse(d, 8) < polynomial(d)
     assert _row_grid_mse(256, 8) > polynomial(256) == pytest.approx(turbo_codebook_mse(256, 8))
 

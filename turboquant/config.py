@@ -107,8 +107,9 @@ class KVQuantConfig:
             unit vector, so a decoded vector keeps the norm of ``x``: Lloyd–Max reconstruction
             shrinks it by about ``√(1 − D)``, which flattens every softmax over quantized keys.
             ``False`` stores ``‖x‖`` as the paper does (times the table's level unit,
-            :func:`~turboquant.quant.turbo.level_unit`, at 2, 3, 4 and 8 bits; for 8-bit rows of head_dim ≤ 128,
-            a grid of their own, :func:`~turboquant.quant.turbo.row_grid`, times the row's step). On the reference model (decode steps,
+            :func:`~turboquant.quant.turbo.level_unit`, at 2, 3, 4 and 8 bits; for 8-bit rows of
+            head_dim ≤ 128, a grid of their own, :func:`~turboquant.quant.turbo.row_grid`, times the
+            row's step). On the reference model (decode steps,
             8 windows; benchmarks/RESULTS.md) it takes 4-bit turbo from +3.38% to +2.61%
             perplexity, 3-bit from +17.5% to +12.6%. Mean squared error of unit vectors (``tq distortion``): 2-bit
             0.116 → 0.119, 3-bit 0.0340 → 0.0338, 4-bit 0.00931 → 0.00917.

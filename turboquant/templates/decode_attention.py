@@ -279,9 +279,10 @@ def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int,
     spills). Turbo 4-bit, with the centroid gather of :func:`~.code_operands._lookup`: 264.6 → 247.6 (2026-12-03,
     ``benchmarks/results/decode_gather_session19/``). At 1K every width ran slower with one warp (affine
     4-bit 9.6 → 11.6 µs): a short split is mostly the program's fixed work (the query planes, the
-    epilogue), which one warp does alone. Turbo 8-bit with its levels computed (:func:`~.code_operands._polynomial_asm`;
-    head dims above 128, where the rows are no grid of their own: :func:`~turboquant.quant.turbo.row_grid`, read as
-    fields and planned as affine 8-bit) takes one warp at every length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
+    epilogue), which one warp does alone. Turbo 8-bit with its levels computed
+    (:func:`~.code_operands._polynomial_asm`; head dims above 128, where the rows are no grid of their own:
+    :func:`~turboquant.quant.turbo.row_grid`, read as fields and planned as affine 8-bit) takes one warp at every
+    length: 32K 222.6 → 200.3, 1K 21.42 → 18.29 (head_dim 64: 123.7 → 111.2,
     10.78 → 10.32; 2026-12-05, ``benchmarks/results/session29_gpu/``); gathered from its 256-entry table
     (``polynomial_levels=False``) it keeps four warps (410.2 → 1450 at 32K: a one-warp gather of 256
     entries is shuffles and selects, not a shared-memory load). A tile of more than 16 rows (5–8 query
@@ -555,8 +556,9 @@ def _keys_major(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, k_nbytes: int,
 
 def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int) -> bool:
     """Where a one-warp tile that can be keys-major (:func:`_keys_major`) is by default: from head_dim 96
-    (not timed below), affine rows, and turbo rows of 2 and 4 bits (and of 8, where they are a grid of their own read
-    as fields: :func:`~turboquant.quant.turbo.row_grid`, as affine 8-bit rows; not timed). H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph
+    (not timed below), affine rows, and turbo rows of 2 and 4 bits (and of 8, where they are a grid of their
+    own read as fields: :func:`~turboquant.quant.turbo.row_grid`, as affine 8-bit rows; not timed). H100, B=8,
+    Hq=32, Hkv=8, D=128, CUDA graph
     µs, row-major → keys-major, same process (2026-12-06,
     ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
     16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
