@@ -59,10 +59,10 @@ POLYNOMIAL_LEVELS = {2: 1, 3: 3, 4: 3, 8: 7}
 # bits -> the largest head_dim whose codes are a uniform grid over each row's own range (:func:`row_grid`) instead
 # of the polynomial's fixed levels. Expected squared error of a rotated unit vector at 8 bits (the plain norm;
 # ``turbo_codebook_mse``), head_dim 64 / 80 / 96 / 128 / 256: Lloyd–Max 3.93 / 3.97 / 3.99 / 4.03 / 4.07e-5, the
-# degree-7 polynomial 4.09 / 4.14 / 4.17 / 4.21 / 4.27e-5, the row's grid 3.49 / 3.70 / 3.87 / 4.14 / 4.80e-5: a
+# degree-7 polynomial 4.09 / 4.14 / 4.17 / 4.21 / 4.27e-5, the row's grid 3.48 / 3.71 / 3.88 / 4.16 / 4.81e-5: a
 # range that fits the row beats any fixed codebook until the row's largest coordinate strays too far (it grows
 # as √(2 ln d)), between 128 and 256. Its codes are fields in place in the decode kernel's MMAs, as affine codes
-# are, where each polynomial level took six fp16x2 operations per two codes.
+# are, where each polynomial level took six instructions per two codes.
 ROW_GRID_HEAD_DIMS = {8: 128}
 
 
@@ -116,10 +116,12 @@ def _row_grid_codes(z: torch.Tensor, top: torch.Tensor, bits: int):
 
 @functools.lru_cache(maxsize=None)
 def _row_grid_mse(d: int, bits: int, rows: int = 20000) -> float:
+    """What a row grid's expected squared error would be at any head_dim (the grid's table, whatever
+    :func:`row_grid` says of ``d``): a fixed-seed mean over random unit vectors."""
     x = torch.randn(rows, d, generator=torch.Generator().manual_seed(d * 64 + bits), dtype=torch.float64)
     z = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True) * d ** 0.5
     codes, unit = _row_grid_codes(z, z.abs().amax(-1, keepdim=True), bits)
-    return float(((_fp16_levels(d, bits)[codes.long()] * unit - z) ** 2).sum(-1).mean() / d)
+    return float(((code_offsets(bits)[codes.long()] * unit - z) ** 2).sum(-1).mean() / d)
 
 
 def level_polynomial(d: int, bits: int) -> tuple:

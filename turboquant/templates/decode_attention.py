@@ -558,8 +558,7 @@ def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int
     """Where a one-warp tile that can be keys-major (:func:`_keys_major`) is by default: from head_dim 96
     (not timed below), affine rows, and turbo rows of 2 and 4 bits (and of 8, where they are a grid of their
     own read as fields: :func:`~turboquant.quant.turbo.row_grid`, as affine 8-bit rows; not timed). H100, B=8,
-    Hq=32, Hkv=8, D=128, CUDA graph
-    µs, row-major → keys-major, same process (2026-12-06,
+    Hq=32, Hkv=8, D=128, CUDA graph µs, row-major → keys-major, same process (2026-12-06,
     ``benchmarks/results/session37_gpu/decode_variants_turbo_km_*_h100.csv``): turbo 2-bit 32K 107.0 → 94.62,
     16K 59.26 → 53.20, 4K 22.28 → 20.49; 4-bit 140.1 → 132.5, 75.93 → 73.62, 24.86 → 24.39; 8-bit 205.4 →
     207.3 at 32K, so not 8-bit (errors unchanged). Affine: :func:`_keys_major`'s figures."""
@@ -848,7 +847,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     v_fields = v_spec.method == "affine" or _lut_kind.fn(luts[1]) == "lin"
     if zero_drain and not (one_warp and row_groups == 1 and v_fields and not block_sums):
         raise ValueError(f"zero_drain={zero_drain} takes one-warp programs of one row group whose values are fields "
-                         f"in place (affine, or 2-bit turbo's linear levels) without block sums; got {num_warps} "
+                         f"in place (affine, or turbo's uniform grids) without block sums; got {num_warps} "
                          f"warps, row_groups={row_groups}, {v_spec.method} {v_spec.bits}-bit values, "
                          f"block_sums={block_sums}")
     n_parts = num_splits + (1 if ring_w else 0)
