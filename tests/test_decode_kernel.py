@@ -1155,7 +1155,7 @@ def test_one_warp_programs_on_a_long_cache(method, bits, L):
 @pytest.mark.parametrize("method, bits", [("turbo", (4, 4)), ("turbo", (8, 2)), ("affine", (4, 8))])
 @pytest.mark.parametrize("L", [1, 2])
 def test_keys_major_tiles_on_a_long_cache(method, bits, L):
-    # keys-major one-warp tiles at full size: by default (turbo 4-bit, affine) or asked for (turbo 8-bit)
+    # keys-major one-warp tiles at full size, by default (turbo 4-bit and 8-bit's row grid, affine)
     out, ref = _case(method, *bits, B=3, hkv=8, g=4, L=L, S=8193, D=128, mask="padded", seed=L, dtype=torch.bfloat16,
                      block_n=None, keys_major=True)
     assert _rel(out.to(torch.bfloat16), ref) < TOL
@@ -1288,6 +1288,18 @@ def test_keys_major_tiles_match_the_oracle(method, bits, g, L, mask, num_splits,
     rows, _ = _case(method, *bits, keys_major=False, **args)
     assert _rel(keys, ref) < TOL
     assert _rel(keys, rows.double()) < 1e-4
+
+
+@pytest.mark.parametrize("bits, D, warps", [((8, 8), 128, 1), ((8, 4), 128, 1), ((2, 8), 128, 1), ((8, 8), 64, 1),
+                                             ((8, 3), 96, 4)])
+def test_eight_bit_row_grid_codes_read_as_fields_match_the_oracle(bits, D, warps):
+    # turbo 8-bit rows of head_dim ≤ 128 (row_grid): fields in place by default, keys-major from head_dim 96 and
+    # row-major below, against the oracle and against the same codes gathered from their table
+    args = dict(B=2, hkv=2, g=4, L=1, S=97, D=D, mask="padded", seed=sum(bits) + D, num_warps=warps, num_splits=2)
+    fields, ref = _case("turbo", *bits, **args)
+    gathered, _ = _case("turbo", *bits, linear_levels=False, **args)
+    assert _rel(fields, ref) < TOL
+    assert _rel(fields, gathered.double()) < 1e-4
 
 
 @pytest.mark.parametrize("block_sums", [False, True])
