@@ -153,6 +153,7 @@ def test_eight_bit_rows_up_to_head_dim_128_are_a_grid_of_their_own(d):
     torch.testing.assert_close(kept.norm(dim=-1), (x * 3).norm(dim=-1), rtol=1e-5, atol=0)
     mse = float(((y - turbo_rotate(x.double(), 0)) ** 2).sum(-1).mean())
     assert mse == pytest.approx(turbo_codebook_mse(d, 8), rel=0.03)
+
     def polynomial(n):  # the degree-7 levels' MSE
         ks, unit = _level_form(n, 8)
         return levels_mse(n, _polynomial_levels(8, ks) * unit * n ** 0.5)
