@@ -266,8 +266,8 @@ def _ring_part(q, k_ring, v_ring, ring_pos, S, attn_mask, is_causal, scale, soft
     po.copy_(p @ vr)
 
 
-def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int,
-                       polynomial_levels: bool = True, d: int = 128) -> bool:
+def _one_warp_programs(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, S: int, rows: int, d: int,
+                       polynomial_levels: bool = True) -> bool:
     """Whether a long cache's programs are one warp each (64 keys per block, 32 for 8-bit rows, 3
     stages, 4 query rows per tile). Four warps split a block's keys and meet at a barrier for every
     max, sum and layout change of the softmax (18 per block, sm_90 SASS); one warp has none of them and
@@ -313,7 +313,7 @@ def _two_warp_programs(short3: bool, rows: int, programs: int, sms: int) -> bool
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int,
-                d: int = 128) -> int:
+                d: int) -> int:
     """Row groups of a one-warp tile (:func:`_one_warp_programs`). A tile of ``rows`` query rows (4,
     or 8) fills a quarter or half of the MMA's 16 rows, and the softmax ran on all 16: its score tile
     was ``16 × block_n`` for ``rows × block_n`` scores. With ``16 / rows`` groups the tile's rows
@@ -599,7 +599,7 @@ def _query_row_load(one_warp: bool, block_n: int) -> bool:
 def _turbo8(spec: TensorQuantSpec, d: int) -> bool:
     """Whether a spec's codes are 8-bit turbo levels the kernel computes (:func:`_computed_levels`), not a row's
     grid read as fields (:func:`~turboquant.quant.turbo.row_grid`)."""
-    return spec.method == "turbo" and spec.bits == 8 and not row_grid(d, 8)
+    return spec.bits == 8 and _computed_levels(spec, d)
 
 
 def _rotation(spec: TensorQuantSpec, d: int, q: torch.Tensor) -> Optional[torch.Tensor]:
@@ -778,7 +778,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     if not warps_set:
         # one split of a host-bound call is the whole sequence: it keeps its four warps (four may become two
         # once the grid is known: _two_warp_programs)
-        one = (_one_warp_programs(k_spec, v_spec, S, G * L, polynomial_levels is not False, D)
+        one = (_one_warp_programs(k_spec, v_spec, S, G * L, D, polynomial_levels is not False)
                and not (host_bound and num_splits in (None, 1)))
         num_warps = 1 if one else 4
     one_warp = num_warps == 1

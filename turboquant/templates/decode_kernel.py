@@ -342,7 +342,7 @@ def _rescaled(alpha, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP: tl.constexp
         a6 = _rescaled_plane(a6, a_b, z_a, 6, KEYS_MAJOR, DRAIN, V_BITS)
         a7 = _rescaled_plane(a7, a_b, z_a, 7, KEYS_MAJOR, DRAIN, V_BITS)
     if DRAIN:
-        z_a = z_a * 0.0
+        z_a = tl.zeros_like(z_a)
     return l_i * alpha, z_a, a0, a1, a2, a3, a4, a5, a6, a7
 
 
