@@ -209,6 +209,26 @@ def test_turbo_rotation_plane_by_plane_is_the_matrix_rotation(bits, D, g, num_sp
     assert _rel(planes, ref) < TOL
 
 
+@pytest.mark.parametrize("bits, D, warps", [((8, 8), 128, 1), ((4, 8), 256, 1), ((8, 2), 256, 4)])
+def test_wide_query_rotation_is_the_matrix_rotation(bits, D, warps):
+    """The query's plane rotation on parts of up to 64 columns (one-warp programs by default) or of 32 gives the
+    rotation read as a matrix: planes of 64 whole, planes of 128 (8-bit keys of D = 256) as halves of 64."""
+    args = dict(B=2, hkv=2, g=2, L=1, S=41, D=D, mask="padded", seed=D + bits[1], num_splits=2, num_warps=warps)
+    matrix, ref = _case("turbo", *bits, plane_hadamard=False, **args)
+    for wide in (True, False):
+        out, _ = _case("turbo", *bits, wide_query_rotation=wide, **args)
+        assert _rel(out, matrix.double()) < 1e-4, wide
+        assert _rel(out, ref) < TOL, wide
+
+
+def test_wide_query_rotation_defaults_to_one_warp_programs():
+    cfg = KVQuantConfig(method="turbo", bits=8)
+    for S, warps, wide in ((32768, 1, True), (1024, 4, False)):
+        options, consts = _plan_options(cfg, S, B=8)
+        assert (options["num_warps"], consts["Q_WIDE"]) == (warps, wide), S
+    assert not _plan_options(cfg, 32768, B=8, wide_query_rotation=False)[1]["Q_WIDE"]
+
+
 def _stored_as(x, dtype):
     """fp32 ``x`` rounded to ``dtype`` as the kernel's stores round it: to nearest on the GPU; Triton 3.6's
     interpreter cuts fp32 to bf16 (toward zero)."""

@@ -751,7 +751,8 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         use_asm=None, min_tile_rows=None, maxnreg=None, row_groups=None, rotate_blocks=None,
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
-                        occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None)
+                        occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None,
+                        wide_query_rotation=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -766,7 +767,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain) = tuning
+     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -892,7 +893,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         Q_SUM_TILE=_query_sum_tile(k_spec, row_groups) if query_sum_tile is None else bool(query_sum_tile),
         KEYS_MAJOR=bool(keys_major),
         Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
-        ZERO_DRAIN=int(zero_drain or 0))
+        ZERO_DRAIN=int(zero_drain or 0),
+        Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -929,7 +931,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      polynomial_levels: Optional[bool] = None, constant_rows: Optional[bool] = None,
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
                      occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
-                     linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None) -> torch.Tensor:
+                     linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None,
+                     wide_query_rotation: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -979,7 +982,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     ``zero_drain``: every this many blocks the values' zero-point sum leaves the MMA accumulators (in the
     one-warp loop's rescaling branch), which bounds the sums the MMAs' truncating adds work on as block sums do,
     with one add an element per ``zero_drain`` blocks instead of one per block (one-warp
-    tiles of one row group whose values are fields in place, block sums off).
+    tiles of one row group whose values are fields in place, block sums off). ``wide_query_rotation``: the
+    query's plane-by-plane Hadamard rotation (``plane_hadamard``) on parts of up to 64 columns rather than 32 (by
+    default in one-warp programs: :func:`~.query_planes._rotation_width`).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -988,7 +993,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain)
+              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

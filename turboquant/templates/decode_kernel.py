@@ -38,7 +38,7 @@ def _decode_split_kernel(
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-    Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr,
+    Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr, Q_WIDE: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -86,7 +86,7 @@ def _decode_split_kernel(
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
     # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
-        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D, USE_ASM)
+        q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D, USE_ASM, Q_WIDE)
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _query_dims(q_row, row_ok, KP, KPW, D, Q_ROW_LOAD)
         q_hi, q_lo = _q_halves(q_row, row_ok, D, DQ)  # read by turbo's rotation only (unused loads vanish otherwise)

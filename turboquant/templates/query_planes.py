@@ -187,15 +187,27 @@ def _dot_signs(x, h, GPU: tl.constexpr):
 
 
 @triton.constexpr_function
-def _rotation_width(P, PW):
+def _rotation_width(P, PW, WIDE=False):
     """Columns of the planes the Hadamard rotation runs on. Planes wider than 32 (8-bit rows of head_dim 128 and
     256, 4-bit ones of 256) rotate as 32-column parts, two or four times as many planes (at most 8;
     :func:`_split_planes`, :func:`_joined_planes`): the in-plane matrix made from indices is then a quarter or a
     sixteenth of the size, which one warp had built and moved into the MMA's operand layout at 128 entries a lane
     for planes of 64 and 512 for planes of 128, in the prologue and again in the epilogue (sm_90, turbo 8-bit at
     1K: 32.31 → 26.06 instructions per key of a split at head_dim 128), and the MMAs do a half or a quarter of
-    the work."""
+    the work.
+
+    ``WIDE`` (the query's rotation in one-warp programs: ``wide_query_rotation`` of ``decode_attention``): parts of
+    up to 64 columns. Query planes joined from 32-column parts (:func:`_joined_planes`' interleave) reach the
+    loop in a layout whose MMA operands leave shared memory by ``LDS.64`` and moves every block, where planes
+    rotated whole leave by ``LDSM`` as affine query planes do: sm_90 SASS of the loop at 32K, B=8, Hq=32, Hkv=8,
+    warp instructions per key, parts of 32 → 64 (``benchmarks/decode_sass.py turbo BITS --S 32768
+    [--head-dim 256] --no-wide-query-rotation``): turbo 8-bit at head_dim 128 18.28 → 17.00 (registers 168 →
+    162; fixed work 1.24 → 1.34 a key), at 256 77.38 → 74.69, turbo 4-bit at 256 47.39 → 45.77. Not in four-warp
+    programs, whose fixed work is most of a short split's (turbo 8-bit at 1K, 1696 → 1856 instructions a warp).
+    Not timed."""
     P, PW = int(P), int(PW)
+    if WIDE and PW > 32:
+        return min(PW, 64)
     return 32 if PW > 32 and P * PW // 32 <= 8 else PW
 
 
@@ -276,13 +288,13 @@ def _sign_row(sign_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.constexpr, D: tl.constexpr,
-                       GPU: tl.constexpr):
+                       GPU: tl.constexpr, WIDE: tl.constexpr = False):
     """The rotated query ``q Rᵀ`` as the ``P`` planes of :func:`_q_plane` (fp16 ``[M, PW]``), for the
     Hadamard form ``R = H · diag(σ) / √D`` with no matrix read, from the query rows at ``q_row_ptr``.
 
     Dim ``P·t + s`` splits into plane ``s`` and column ``t``, and Sylvester's ``H`` of order ``D`` into
     ``H_P[s, s'] · H_PW[t, t']``: each plane of ``q ∘ σ`` meets ``H_PW`` (MMAs of ``PW`` columns, the
-    matrix made from indices; planes of 64 as halves, :func:`_rotation_width`), then the planes mix by
+    matrix made from indices; planes of 64 as halves unless ``WIDE``, :func:`_rotation_width`), then the planes mix by
     ``H_P`` in ``log2 P`` element-wise butterflies. ``σ`` is row 0 of ``√D · R`` (``H``'s first row is all ones)."""
     # q ∘ σ on the whole rows, then split into planes. A 16-bit query stays in its dtype: σ is ±1, so q ∘ σ is
     # its sign bit flipped, and the MMA's products with ±1 are exact (one MMA a plane, where an fp32 query takes
@@ -300,7 +312,7 @@ def _hadamard_q_planes(q_row_ptr, row_ok, rot_ptr, P: tl.constexpr, PW: tl.const
     else:
         q_rows = _q_row(q_row_ptr, row_ok, P, PW, D)
         q_signed = q_rows.to(tl.float32) * _sign_row(rot_ptr, P, PW, D).to(tl.float32)
-    RW: tl.constexpr = _rotation_width(P, PW)  # the rotation's planes: RP of RW columns
+    RW: tl.constexpr = _rotation_width(P, PW, WIDE)  # the rotation's planes: RP of RW columns
     RP: tl.constexpr = P * PW // RW
     x0, x1, x2, x3, x4, x5, x6, x7 = _planes_of(q_signed, RP, RW)
     h = _sylvester(RW, 0, x0.dtype if NATIVE else tl.bfloat16)
