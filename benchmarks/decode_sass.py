@@ -153,6 +153,8 @@ def main(argv=None):
                    help="turbo's Hadamard rotation plane by plane (default), or read as a matrix")
     p.add_argument("--wide-query-rotation", action=argparse.BooleanOptionalAction, default=None,
                    help="the query's plane Hadamard on parts of up to 64 columns, or 32 (default: the plan's)")
+    p.add_argument("--early-rows", action=argparse.BooleanOptionalAction, default=None,
+                   help="a one-block split's key and value rows loaded before the query's prologue (default: off)")
     p.add_argument("--block-sums", action=argparse.BooleanOptionalAction, default=None,
                    help="value dots summed per block by fp32 adds (default: the plan's)")
     p.add_argument("--zero-drain", type=int, default=None,
@@ -186,7 +188,8 @@ def main(argv=None):
         block_sums=a.block_sums, zero_drain=a.zero_drain, shuffle_lut=a.shuffle_lut,
         polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
-        query_row_load=a.query_row_load, linear_levels=a.linear_levels, wide_query_rotation=a.wide_query_rotation)
+        query_row_load=a.query_row_load, linear_levels=a.linear_levels, wide_query_rotation=a.wide_query_rotation,
+        early_rows=a.early_rows)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

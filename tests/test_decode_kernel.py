@@ -221,6 +221,25 @@ def test_wide_query_rotation_is_the_matrix_rotation(bits, D, warps):
         assert _rel(out, ref) < TOL, wide
 
 
+@pytest.mark.parametrize("method, bits, D, warps", [("turbo", (3, 3), 128, 2), ("affine", (3, 3), 96, 2),
+                                                   ("turbo", (8, 8), 128, 4), ("affine", (8, 4), 64, 4),
+                                                   ("turbo", (2, 8), 80, 4), ("affine", (4, 2), 128, 1)])
+def test_early_rows_match_the_oracle(method, bits, D, warps):
+    """A one-block split's key and value rows loaded before the query's prologue: the same output as loaded
+    where they are read (the same codes, the same dots), masked tails included (101 keys in a block of 128)."""
+    args = dict(B=2, hkv=2, g=4, L=1, S=101, D=D, mask="padded", seed=D + bits[0], num_splits=1, num_warps=warps,
+                block_n=128, row_groups=1)
+    late, ref = _case(method, *bits, **args)
+    early, _ = _case(method, *bits, early_rows=True, **args)
+    assert _rel(early, late.double()) < 1e-6
+    assert _rel(early, ref) < TOL
+
+
+def test_early_rows_take_splits_of_one_block():
+    with pytest.raises(ValueError, match="early_rows=True takes splits of one block"):
+        _plan_options(KVQuantConfig(method="turbo", bits=3), 1024, num_splits=1, block_n=128, early_rows=True)
+
+
 def test_wide_query_rotation_defaults_to_one_warp_programs():
     cfg = KVQuantConfig(method="turbo", bits=8)
     for S, warps, wide in ((32768, 1, True), (1024, 4, False)):

@@ -752,7 +752,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
                         occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None,
-                        wide_query_rotation=None)
+                        wide_query_rotation=None, early_rows=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -767,7 +767,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                tuning, capturing):
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation) = tuning
+     query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
+     early_rows) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -851,6 +852,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          f"in place (affine, or turbo's uniform grids) without block sums; got {num_warps} "
                          f"warps, row_groups={row_groups}, {v_spec.method} {v_spec.bits}-bit values, "
                          f"block_sums={block_sums}")
+    if early_rows and not (split_blocks == 1 and row_groups == 1):
+        raise ValueError(f"early_rows=True takes splits of one block and one row group; got {split_blocks} blocks "
+                         f"of {block_n} keys a split and row_groups={row_groups}")
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
@@ -894,7 +898,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         KEYS_MAJOR=bool(keys_major),
         Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
         ZERO_DRAIN=int(zero_drain or 0),
-        Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation))
+        Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
+        EARLY_ROWS=bool(early_rows))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -932,7 +937,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
                      occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
                      linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None,
-                     wide_query_rotation: Optional[bool] = None) -> torch.Tensor:
+                     wide_query_rotation: Optional[bool] = None, early_rows: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -984,7 +989,11 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     with one add an element per ``zero_drain`` blocks instead of one per block (one-warp
     tiles of one row group whose values are fields in place, block sums off). ``wide_query_rotation``: the
     query's plane-by-plane Hadamard rotation (``plane_hadamard``) on parts of up to 64 columns rather than 32 (by
-    default in one-warp programs: :func:`~.query_planes._rotation_width`).
+    default in one-warp programs: :func:`~.query_planes._rotation_width`). ``early_rows``: a split of one block
+    (and one row group) loads its key and value rows before the query's prologue rather than where they are
+    read, so that their latency passes under the prologue and the key dots, for more registers (sm_90, B=8,
+    Hq=32, Hkv=8, D=128, 1K: turbo 3-bit two-warp programs 112 → 227 registers, 3136 → 2960 instructions a
+    warp; affine 3-bit 138 → 227; turbo 8-bit four-warp 80 → 137, 1696 → 1584); off by default, not timed.
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -993,7 +1002,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     # in _TUNING_DEFAULTS' order; a literal, not _tuning(): this runs on every host-bound decode step
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
-              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation)
+              query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
+              early_rows)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

@@ -38,7 +38,7 @@ def _decode_split_kernel(
     V_PLANE_H: tl.constexpr, BLOCK_SUMS: tl.constexpr, K_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
-    Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr, Q_WIDE: tl.constexpr,
+    Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr, Q_WIDE: tl.constexpr, EARLY_ROWS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -84,6 +84,40 @@ def _decode_split_kernel(
     qh = h * G + rows // L
     ql = rows % L
     q_row = q_ptr + b * stride_qb + qh[:, None] * stride_qh + ql[:, None] * stride_ql
+    start = split * (split_blocks * BLOCK_N)
+    km_base = km_ptr + b * stride_kmb + h * stride_kmh
+    vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
+    stride_kcb, stride_kch, stride_kcs = _aligned(stride_kcb, stride_kch, stride_kcs, K_ALIGN)
+    stride_vcb, stride_vch, stride_vcs = _aligned(stride_vcb, stride_vch, stride_vcs, V_ALIGN)
+    stride_kcs, stride_kms = _row_stride(stride_kcs, KC_ROW), _row_stride(stride_kms, KM_ROW)
+    stride_vcs, stride_vms = _row_stride(stride_vcs, VC_ROW), _row_stride(stride_vms, VM_ROW)
+    kc_base = kc_ptr + b * stride_kcb + h * stride_kch
+    vc_base = vc_ptr + b * stride_vcb + h * stride_vch
+    # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
+    kpos = _key_positions(start, grp, BLOCK_N, NG)
+    # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
+    # not care about order), so the programs of a wave do not all read at the same offset of their
+    # splits (at power-of-two lengths, multiples of 256 KB apart). H200, 32K, CUDA graph µs: turbo
+    # 3-bit 319.2 → 308.3, 2-bit 283.2 → 276.1, affine 8-bit 136.6 → 134.8; affine 4/3/2-bit within
+    # ±1.5% of either sign (benchmarks/RESULTS.md, fourteenth session)
+    first = 0
+    if ROTATE:
+        first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
+    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + first * BLOCK_N + tl.arange(0, BLOCK_N),
+                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO, K_META, V_META,
+                                                   K_PAIR, V_PAIR)
+    # EARLY_ROWS (early_rows; splits of one block, one row group): the block's key and value rows are loaded
+    # here, before the query's prologue, so that their memory latency passes under the rotation and the key
+    # dots; loaded where they are read, a one-block split's value rows waited for the softmax (sm_90 SASS of
+    # short 3-bit and 8-bit caches' programs) and their whole latency came after it
+    tl.static_assert(not EARLY_ROWS or NG == 1)
+    ek0, ek1, ek2, ev0, ev1, ev2 = 0, 0, 0, 0, 0, 0
+    if EARLY_ROWS:
+        n_early = start + tl.arange(0, BLOCK_N)
+        ek0, ek1, ek2 = _load_row_bytes(kc_base + n_early.to(tl.int64) * stride_kcs, n_early < S, K_BITS, K_NBYTES,
+                                        KPW)
+        ev0, ev1, ev2 = _load_row_bytes(vc_base + n_early.to(tl.int64) * stride_vcs, n_early < S, V_BITS, V_NBYTES,
+                                        VPW, KEYS_MAJOR)
     # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
         q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D, USE_ASM, Q_WIDE)
@@ -122,28 +156,6 @@ def _decode_split_kernel(
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TABLE, 0)  # what one unit of the dots is worth
     rz = tl.cast(S < 0, tl.float32)  # never true; see _plus_dot
 
-    start = split * (split_blocks * BLOCK_N)
-    km_base = km_ptr + b * stride_kmb + h * stride_kmh
-    vm_base = vm_ptr + b * stride_vmb + h * stride_vmh
-    stride_kcb, stride_kch, stride_kcs = _aligned(stride_kcb, stride_kch, stride_kcs, K_ALIGN)
-    stride_vcb, stride_vch, stride_vcs = _aligned(stride_vcb, stride_vch, stride_vcs, V_ALIGN)
-    stride_kcs, stride_kms = _row_stride(stride_kcs, KC_ROW), _row_stride(stride_kms, KM_ROW)
-    stride_vcs, stride_vms = _row_stride(stride_vcs, VC_ROW), _row_stride(stride_vms, VM_ROW)
-    kc_base = kc_ptr + b * stride_kcb + h * stride_kch
-    vc_base = vc_ptr + b * stride_vcb + h * stride_vch
-    # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
-    kpos = _key_positions(start, grp, BLOCK_N, NG)
-    # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
-    # not care about order), so the programs of a wave do not all read at the same offset of their
-    # splits (at power-of-two lengths, multiples of 256 KB apart). H200, 32K, CUDA graph µs: turbo
-    # 3-bit 319.2 → 308.3, 2-bit 283.2 → 276.1, affine 8-bit 136.6 → 134.8; affine 4/3/2-bit within
-    # ±1.5% of either sign (benchmarks/RESULTS.md, fourteenth session)
-    first = 0
-    if ROTATE:
-        first = ((pid_bh * tl.num_programs(1) + split) * 37) % split_blocks
-    k_scale, k_zero, v_scale, v_zero = _block_meta(km_base, vm_base, start + first * BLOCK_N + tl.arange(0, BLOCK_N),
-                                                   S, stride_kms, stride_vms, K_TURBO, V_TURBO, K_META, V_META,
-                                                   K_PAIR, V_PAIR)
     # blocks per split: an argument for one-warp programs, a constant for four-warp ones and under
     # the interpreter (_make_plan); named inside range(), since the interpreter turns a constant
     # assigned to a variable into an array as well
@@ -166,7 +178,7 @@ def _decode_split_kernel(
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
-                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR)
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR, ek0, ek1, ek2, EARLY_ROWS)
         if K_TABLE:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR)
         else:  # affine; linear turbo levels α·(c + γ·l − z): the norm times α is the scale, z the zero point
@@ -243,7 +255,7 @@ def _decode_split_kernel(
         a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
             pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
             a0 * a_b, a1 * a_b, a2 * a_b, a3 * a_b, a4 * a_b, a5 * a_b, a6 * a_b, a7 * a_b, V_BITS, V_TURBO, V_NBYTES,
-            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR)
+            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR, ev0, ev1, ev2, EARLY_ROWS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
@@ -419,11 +431,13 @@ def _plane_dot(q, k0, k1, k2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: t
 @triton.jit
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
-              USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
+              USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0,
+              LOADED: tl.constexpr = False):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``; in
-    plane 0's units)."""
-    n = first + tl.arange(0, N)
-    k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64) * stride_kcs, n < S, BITS, NBYTES, KPW)
+    plane 0's units); with ``LOADED`` their rows are ``k0, k1, k2`` (:func:`_load_row_bytes`)."""
+    if not LOADED:
+        n = first + tl.arange(0, N)
+        k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64) * stride_kcs, n < S, BITS, NBYTES, KPW)
     dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
     dots = _plane_dot(q0, k0, k1, k2, dots, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 1:
@@ -443,13 +457,14 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
 def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
                 BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
-                LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False):
+                LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0, LOADED: tl.constexpr = False):
     """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
     (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
-    and the softmax then runs once for the block)."""
+    and the softmax then runs once for the block). ``LOADED``: one group, whose rows are ``k0, k1, k2``."""
     SUB_N: tl.constexpr = BLOCK_N // NG
+    tl.static_assert(NG == 1 or not LOADED)
     dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
-                     klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
+                     klut_ptr, USE_ASM, LUT, KEYS_MAJOR, k0, k1, k2, LOADED)
     for r in tl.static_range(1, NG):
         dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
                                                      stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
@@ -475,14 +490,15 @@ def _plus_dot(a, b, acc, rz, BLOCK_SUMS: tl.constexpr):
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
                 vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr,
-                KEYS_MAJOR: tl.constexpr = False):
+                KEYS_MAJOR: tl.constexpr = False, v0=0, v1=0, v2=0, LOADED: tl.constexpr = False):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
     (:func:`_plus_dot`). Keys-major: ``pv [N, M]`` and accumulators ``[VPW, M]``, the values read
     transposed (``[VPW, N]``) so that each plane is the A operand as loaded, through the pipeline's
     shared memory; read as rows and transposed in registers, Triton converted them through shared
-    memory outside the pipeline every block."""
-    n = first + tl.arange(0, N)
-    v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
+    memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``."""
+    if not LOADED:
+        n = first + tl.arange(0, N)
+        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
     pv_low = pv
     if _lin_low_bits(LUT):  # linear turbo levels: the low bits meet γ·pv
         pv_low = (pv.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
