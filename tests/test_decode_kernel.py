@@ -235,9 +235,11 @@ def test_early_rows_match_the_oracle(method, bits, D, warps):
     assert _rel(early, ref) < TOL
 
 
-def test_early_rows_take_splits_of_one_block():
-    with pytest.raises(ValueError, match="early_rows=True takes splits of one block"):
-        _plan_options(KVQuantConfig(method="turbo", bits=3), 1024, num_splits=1, block_n=128, early_rows=True)
+def test_early_rows_only_where_a_split_is_one_block():
+    cfg = KVQuantConfig(method="turbo", bits=3)
+    assert _plan_options(cfg, 1024, num_splits=8, block_n=128, early_rows=True)[1]["EARLY_ROWS"]
+    assert not _plan_options(cfg, 1024, num_splits=8, block_n=128)[1]["EARLY_ROWS"]
+    assert not _plan_options(cfg, 1024, num_splits=1, block_n=128, early_rows=True)[1]["EARLY_ROWS"]
 
 
 def test_wide_query_rotation_defaults_to_one_warp_programs():

@@ -852,9 +852,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
                          f"in place (affine, or turbo's uniform grids) without block sums; got {num_warps} "
                          f"warps, row_groups={row_groups}, {v_spec.method} {v_spec.bits}-bit values, "
                          f"block_sums={block_sums}")
-    if early_rows and not (split_blocks == 1 and row_groups == 1):
-        raise ValueError(f"early_rows=True takes splits of one block and one row group; got {split_blocks} blocks "
-                         f"of {block_n} keys a split and row_groups={row_groups}")
     n_parts = num_splits + (1 if ring_w else 0)
     k_turbo, v_turbo = k_spec.method == "turbo", v_spec.method == "turbo"
     k_meta_t, v_meta_t = meta_dtype(k_meta, k_spec), meta_dtype(v_meta, v_spec)
@@ -899,7 +896,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
         ZERO_DRAIN=int(zero_drain or 0),
         Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
-        EARLY_ROWS=bool(early_rows))
+        EARLY_ROWS=bool(early_rows) and split_blocks == 1 and row_groups == 1)
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -990,8 +987,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     tiles of one row group whose values are fields in place, block sums off). ``wide_query_rotation``: the
     query's plane-by-plane Hadamard rotation (``plane_hadamard``) on parts of up to 64 columns rather than 32 (by
     default in one-warp programs: :func:`~.query_planes._rotation_width`). ``early_rows``: a split of one block
-    (and one row group) loads its key and value rows before the query's prologue rather than where they are
-    read, so that their latency passes under the prologue and the key dots, for more registers (sm_90, B=8,
+    (and one row group; elsewhere the option does nothing) loads its key and value rows before the query's
+    prologue rather than where they are read, so that their latency passes under the prologue and the key dots, for more registers (sm_90, B=8,
     Hq=32, Hkv=8, D=128, 1K: turbo 3-bit two-warp programs 112 → 227 registers, 3136 → 2960 instructions a
     warp; affine 3-bit 138 → 227; turbo 8-bit four-warp 80 → 137, 1696 → 1584); off by default, not timed.
     """
