@@ -242,6 +242,18 @@ def test_early_rows_only_where_a_split_is_one_block():
     assert not _plan_options(cfg, 1024, num_splits=1, block_n=128, early_rows=True)[1]["EARLY_ROWS"]
 
 
+def test_early_rows_default_to_short_affine_three_bit_grids_that_fit():
+    # affine 3-bit keys and values, one block a split, one row group, at most 4 programs an SM (the H100 timings)
+    from turboquant.templates import decode_attention as da
+
+    a3, t3, a4 = (KVQuantConfig(method=m, bits=b).spec("k") for m, b in (("affine", 3), ("turbo", 3), ("affine", 4)))
+    assert da._early_rows(a3, a3, 1, 1, 512, 132) and da._early_rows(a3, a3, 1, 1, 256, 132)
+    assert not da._early_rows(a3, a3, 1, 1, 1024, 132)  # 7.8 programs an SM: a second wave at 4 an SM
+    assert not da._early_rows(a3, a3, 2, 1, 512, 132) and not da._early_rows(a3, a3, 1, 2, 512, 132)
+    assert not da._early_rows(t3, t3, 1, 1, 512, 132) and not da._early_rows(a4, a4, 1, 1, 512, 132)
+    assert not da._early_rows(a3, t3, 1, 1, 512, 132)
+
+
 def test_wide_query_rotation_defaults_to_one_warp_programs():
     cfg = KVQuantConfig(method="turbo", bits=8)
     for S, warps, wide in ((32768, 1, True), (1024, 4, False)):
