@@ -178,7 +178,8 @@ def _decode_split_kernel(
 
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
-                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR, ek0, ek1, ek2, EARLY_ROWS)
+                           K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR, ek0, ek1, ek2,
+                           EARLY_ROWS)
         if K_TABLE:
             s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR)
         else:  # affine; linear turbo levels α·(c + γ·l − z): the norm times α is the scale, z the zero point

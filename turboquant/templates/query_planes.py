@@ -204,7 +204,8 @@ def _rotation_width(P, PW, WIDE=False):
     [--head-dim 256] --no-wide-query-rotation``): turbo 8-bit at head_dim 128 18.28 → 17.00 (registers 168 →
     162; fixed work 1.24 → 1.34 a key), at 256 77.38 → 74.69, turbo 4-bit at 256 47.39 → 45.77. Not in four-warp
     programs, whose fixed work is most of a short split's (turbo 8-bit at 1K, 1696 → 1856 instructions a warp).
-    Not timed."""
+    H100, B=8, D=128, CUDA graph µs, parts of 32 → 64, same process (2026-12-07,
+    ``benchmarks/results/session50_gpu/decode_variants_turbo8_h100.log``): turbo 8-bit 32K 185.5 → 184.1."""
     P, PW = int(P), int(PW)
     if WIDE and PW > 32:
         return min(PW, 64)
