@@ -94,6 +94,15 @@ def _load_row_bytes(row_ptr, n_ok, BITS: tl.constexpr, NBYTES: tl.constexpr, PW:
 
 
 @triton.jit
+def _block_rows(base, first, S, stride, BITS: tl.constexpr, NBYTES: tl.constexpr, PW: tl.constexpr, N: tl.constexpr,
+                TRANSPOSED: tl.constexpr = False):
+    """:func:`_load_row_bytes` of keys ``first … first + N − 1`` of a head whose rows start at ``base``, ``stride``
+    apart (keys from ``S`` on read as zeros)."""
+    n = first + tl.arange(0, N)
+    return _load_row_bytes(base + n.to(tl.int64) * stride, n < S, BITS, NBYTES, PW, TRANSPOSED)
+
+
+@triton.jit
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     """Integer codes of plane ``S`` from the row words of :func:`_load_row_bytes`."""
     if BITS != 3:

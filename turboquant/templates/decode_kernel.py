@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .code_operands import (_code_word_bytes, _field_unit, _field_values, _lin_coef, _lin_low_bits, _load_row_bytes,
+from .code_operands import (_block_rows, _code_word_bytes, _field_unit, _field_values, _lin_coef, _lin_low_bits,
                             _lut_kind, _plane_values)
 from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
@@ -113,11 +113,8 @@ def _decode_split_kernel(
     tl.static_assert(not EARLY_ROWS or NG == 1)
     ek0, ek1, ek2, ev0, ev1, ev2 = 0, 0, 0, 0, 0, 0
     if EARLY_ROWS:
-        n_early = start + tl.arange(0, BLOCK_N)
-        ek0, ek1, ek2 = _load_row_bytes(kc_base + n_early.to(tl.int64) * stride_kcs, n_early < S, K_BITS, K_NBYTES,
-                                        KPW)
-        ev0, ev1, ev2 = _load_row_bytes(vc_base + n_early.to(tl.int64) * stride_vcs, n_early < S, V_BITS, V_NBYTES,
-                                        VPW, KEYS_MAJOR)
+        ek0, ek1, ek2 = _block_rows(kc_base, start, S, stride_kcs, K_BITS, K_NBYTES, KPW, BLOCK_N)
+        ev0, ev1, ev2 = _block_rows(vc_base, start, S, stride_vcs, V_BITS, V_NBYTES, VPW, BLOCK_N, KEYS_MAJOR)
     # the query rows in one load (_q_row): a load a plane waited out one memory round trip each
     if K_PLANE_H:  # turbo, power-of-two D: the Hadamard rotation plane by plane, no matrix read
         q0, q1, q2, q3, q4, q5, q6, q7 = _hadamard_q_planes(q_row, row_ok, krot_ptr, KP, KPW, D, USE_ASM, Q_WIDE)
@@ -435,10 +432,9 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
               USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0,
               LOADED: tl.constexpr = False):
     """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``; in
-    plane 0's units); with ``LOADED`` their rows are ``k0, k1, k2`` (:func:`_load_row_bytes`)."""
+    plane 0's units); with ``LOADED`` their rows are ``k0, k1, k2`` (:func:`~.code_operands._block_rows`)."""
     if not LOADED:
-        n = first + tl.arange(0, N)
-        k0, k1, k2 = _load_row_bytes(kc_base + n.to(tl.int64) * stride_kcs, n < S, BITS, NBYTES, KPW)
+        k0, k1, k2 = _block_rows(kc_base, first, S, stride_kcs, BITS, NBYTES, KPW, N)
     dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
     dots = _plane_dot(q0, k0, k1, k2, dots, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 1:
@@ -498,8 +494,7 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
     shared memory; read as rows and transposed in registers, Triton converted them through shared
     memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``."""
     if not LOADED:
-        n = first + tl.arange(0, N)
-        v0, v1, v2 = _load_row_bytes(vc_base + n.to(tl.int64) * stride_vcs, n < S, BITS, NBYTES, VPW, KEYS_MAJOR)
+        v0, v1, v2 = _block_rows(vc_base, first, S, stride_vcs, BITS, NBYTES, VPW, N, KEYS_MAJOR)
     pv_low = pv
     if _lin_low_bits(LUT):  # linear turbo levels: the low bits meet γ·pv
         pv_low = (pv.to(tl.float32) * _lin_coef(LUT, 1)).to(tl.float16)
