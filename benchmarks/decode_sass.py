@@ -177,9 +177,6 @@ def main(argv=None):
     p.add_argument("--linear-levels", action=argparse.BooleanOptionalAction, default=None,
                    help="2-bit turbo codes read as fields in place, their levels linear in the code's bits "
                         "(default), or looked up")
-    p.add_argument("--key-pairs", action=argparse.BooleanOptionalAction, default=None,
-                   help="keys-major tiles of 4 rows holding two keys a row, [keys / 2, 8] scores "
-                        "(default: the plan's)")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
     p.add_argument("--dump", help="write the whole SASS here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -192,7 +189,7 @@ def main(argv=None):
         polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
         query_row_load=a.query_row_load, linear_levels=a.linear_levels, wide_query_rotation=a.wide_query_rotation,
-        early_rows=a.early_rows, key_pairs=a.key_pairs)
+        early_rows=a.early_rows)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)

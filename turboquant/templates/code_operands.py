@@ -103,25 +103,6 @@ def _block_rows(base, first, S, stride, BITS: tl.constexpr, NBYTES: tl.constexpr
 
 
 @triton.jit
-def _pair_rows(base, first, S, stride, NBYTES: tl.constexpr, PW: tl.constexpr, N: tl.constexpr,
-               TRANSPOSED: tl.constexpr = False):
-    """The 16-bit row words of keys ``first … first + N − 1`` two keys a row: ``[N / 2, 2·PW]``, row ``i`` key
-    ``first + 2i``'s words then key ``first + 2i + 1``'s (with ``TRANSPOSED`` ``[2·PW, N / 2]``); keys from ``S``
-    on, and words past a row's ``NBYTES / 2``, read as zeros. Rows back to back (a cache's own buffer) make a
-    pair one contiguous run of words."""
-    W: tl.constexpr = NBYTES // 2
-    i = 2 * tl.arange(0, N // 2)
-    t = tl.arange(0, 2 * PW)
-    if TRANSPOSED:
-        n = first + i[None, :] + t[:, None] // PW
-        col = t[:, None] % PW
-    else:
-        n = first + i[:, None] + t[None, :] // PW
-        col = t[None, :] % PW
-    return tl.load(base + n.to(tl.int64) * stride + col, mask=(n < S) & (col < W), other=0)
-
-
-@triton.jit
 def _plane_codes(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr):
     """Integer codes of plane ``S`` from the row words of :func:`_load_row_bytes`."""
     if BITS != 3:

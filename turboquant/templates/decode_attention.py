@@ -583,14 +583,6 @@ def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int
     return d > 64 and all(s.method == "affine" or s.bits in (2, 4) or row_grid(d, s.bits) for s in (k_spec, v_spec))
 
 
-def _key_pairs(rows: int) -> bool:
-    """Whether a keys-major tile (:func:`_keys_major`) holds two keys a row by default (``key_pairs``): scores
-    ``[keys / 2, 2·rows]``, the keys of each parity against their own copy of the query rows, where a tile of 4 rows
-    (GQA 4 at one position) left half of the MMA's 8 columns, and so half the softmax, to padding. Not by default
-    yet: not timed."""
-    return False
-
-
 def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, split_keys: int) -> bool:
     """Whether a keys-major tile reads 128 keys a block at 2 pipeline stages instead of 64 at 3: affine 2-bit
     keys and values, tiles of at most 4 query rows, splits of ``WIDE_BLOCK_SPLIT_KEYS`` keys or more (where it
@@ -778,7 +770,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
                         occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None,
-                        wide_query_rotation=None, early_rows=None, key_pairs=None)
+                        wide_query_rotation=None, early_rows=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -794,7 +786,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
      query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
-     early_rows, key_pairs) = tuning
+     early_rows) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -868,12 +860,6 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         raise ValueError(f"row_groups={row_groups} does not fit {M} query rows per tile and block_n={block_n}; "
                          f"allowed: 1, or a power of two with row_groups × rows ≤ 16 and 16 · row_groups dividing "
                          f"block_n")
-    if key_pairs is None:
-        key_pairs = bool(keys_major) and _key_pairs(M)
-    elif key_pairs and not (keys_major and M <= 4):
-        raise ValueError(f"key_pairs=True takes keys-major tiles of at most 4 query rows; got keys_major={keys_major}, "
-                         f"{M} rows")
-    key_pairs = bool(key_pairs)
     luts = [_lut_constexpr(s, D, one_warp, shuffle_lut, register_lut, polynomial_levels, linear_levels,
                            bool(keys_major)) for s in (k_spec, v_spec)]
     planes_h = [_plane_hadamard(s, split_keys) if plane_hadamard is None else bool(plane_hadamard)
@@ -928,10 +914,8 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
         ZERO_DRAIN=int(zero_drain or 0),
         Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
-        EARLY_ROWS=(_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms) and not key_pairs
-                    if early_rows is None
-                    else bool(early_rows) and split_blocks == 1 and row_groups == 1 and not key_pairs),
-        KEY_PAIRS=key_pairs)
+        EARLY_ROWS=(_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms) if early_rows is None
+                    else bool(early_rows) and split_blocks == 1 and row_groups == 1))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -969,8 +953,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
                      occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
                      linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None,
-                     wide_query_rotation: Optional[bool] = None, early_rows: Optional[bool] = None,
-                     key_pairs: Optional[bool] = None) -> torch.Tensor:
+                     wide_query_rotation: Optional[bool] = None, early_rows: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1035,7 +1018,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
               query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
-              early_rows, key_pairs)
+              early_rows)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .code_operands import (_block_rows, _code_word_bytes, _field_unit, _field_values, _lin_coef, _lin_low_bits,
-                            _lut_kind, _pair_rows, _plane_values)
+                            _lut_kind, _plane_values)
 from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
@@ -39,7 +39,6 @@ def _decode_split_kernel(
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
     Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr, Q_WIDE: tl.constexpr, EARLY_ROWS: tl.constexpr,
-    KEY_PAIRS: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -53,11 +52,6 @@ def _decode_split_kernel(
     tl.static_assert(ZERO_DRAIN == 0 or (SKIP_RESCALE and NG == 1 and not BLOCK_SUMS
                                          and (not V_TURBO or _lut_kind(V_LUT) == "lin")))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
-    # KEY_PAIRS (_key_pairs): a keys-major tile of M rows holds keys 2i and 2i + 1 side by side, [BLOCK_N / 2, 2M]
-    # scores whose column h·M + r is row r against the keys of parity h; each column keeps its own running sums
-    # (two row groups, merged after the loop) and the accumulators are [2·VPW, 2M], block h of their rows
-    # the parity-h keys' values (the other blocks are never read)
-    tl.static_assert(not KEY_PAIRS or (KEYS_MAJOR and not EARLY_ROWS))
     # turbo codes whose levels are linear in their bits ("lin", _linear_level_words) are fields in place, as
     # affine codes: K_TABLE says whether the keys' codes become table values (worth 1 each)
     K_LIN: tl.constexpr = _lut_kind(K_LUT) == "lin"
@@ -100,9 +94,7 @@ def _decode_split_kernel(
     kc_base = kc_ptr + b * stride_kcb + h * stride_kch
     vc_base = vc_ptr + b * stride_vcb + h * stride_vch
     # each key's position as the scores hold it: [BLOCK_N], or [M, SUB_N] with row groups
-    kpos = _key_positions(start, grp, BLOCK_N, NG, KEY_PAIRS, M)
-    # the per-row quantities the score tile uses, one per column (a row's twice with KEY_PAIRS)
-    ql_c, row_ok_c, qh_c = _pair_cols(ql, KEY_PAIRS), _pair_cols(row_ok, KEY_PAIRS), _pair_cols(qh, KEY_PAIRS)
+    kpos = _key_positions(start, grp, BLOCK_N, NG)
     # ROTATE: each program walks its split from its own block on, wrapping around (the softmax does
     # not care about order), so the programs of a wave do not all read at the same offset of their
     # splits (at power-of-two lengths, multiples of 256 KB apart). H200, 32K, CUDA graph µs: turbo
@@ -144,15 +136,10 @@ def _decode_split_kernel(
     if KEYS_MAJOR:  # the planes as the B operands of the key dots
         q0, q1, q2, q3, q4, q5, q6, q7 = (tl.trans(q0), tl.trans(q1), tl.trans(q2), tl.trans(q3), tl.trans(q4),
                                           tl.trans(q5), tl.trans(q6), tl.trans(q7))
-    if KEY_PAIRS:  # block-diagonal [2·KPW, 2M]: a pair's row meets the query twice, once per column half
-        q0, q1, q2, q3, q4, q5, q6, q7 = (_pair_plane(q0), _pair_plane(q1), _pair_plane(q2), _pair_plane(q3),
-                                          _pair_plane(q4), _pair_plane(q5), _pair_plane(q6), _pair_plane(q7))
-        q_sum = _pair_cols(q_sum, True)
-    MC: tl.constexpr = 2 * M if KEY_PAIRS else M  # the score tile's columns (keys-major) or rows
 
-    m_i = tl.full([MC], float("-inf"), tl.float32)   # running max, log2 units
-    l_i = tl.zeros([MC], tl.float32)
-    ACC: tl.constexpr = [(2 * VPW if KEY_PAIRS else VPW), MC] if KEYS_MAJOR else [M, VPW]
+    m_i = tl.full([M], float("-inf"), tl.float32)   # running max, log2 units
+    l_i = tl.zeros([M], tl.float32)
+    ACC: tl.constexpr = [VPW, M] if KEYS_MAJOR else [M, VPW]
     a0 = tl.zeros(ACC, tl.float32)
     a1 = tl.zeros(ACC, tl.float32)
     a2 = tl.zeros(ACC, tl.float32)
@@ -161,7 +148,7 @@ def _decode_split_kernel(
     a5 = tl.zeros(ACC, tl.float32)
     a6 = tl.zeros(ACC, tl.float32)
     a7 = tl.zeros(ACC, tl.float32)
-    z_acc = tl.zeros([MC], tl.float32)
+    z_acc = tl.zeros([M], tl.float32)
     qk_scale = sm_scale if SOFTCAP else sm_scale * LOG2E
     K_UNIT: tl.constexpr = _field_unit(K_BITS, K_TABLE, 0)  # what one unit of the dots is worth
     rz = tl.cast(S < 0, tl.float32)  # never true; see _plus_dot
@@ -189,9 +176,9 @@ def _decode_split_kernel(
         # ---- scores -------------------------------------------------------------------
         dots = _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, K_BITS, K_TURBO,
                            K_NBYTES, KP, KPW, BLOCK_N, NG, klut_ptr, USE_ASM, K_LUT, KEYS_MAJOR, ek0, ek1, ek2,
-                           EARLY_ROWS, KEY_PAIRS)
+                           EARLY_ROWS)
         if K_TABLE:
-            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR, KEY_PAIRS)
+            s = dots * _per_key(k_scale.to(tl.float32) * (qk_scale / K_UNIT), NG, TR, KEYS_MAJOR)
         else:  # affine; linear turbo levels α·(c + γ·l − z): the norm times α is the scale, z the zero point
             if K_LIN:
                 a_k = k_scale.to(tl.float32) * (qk_scale * _lin_coef(K_LUT, 0))
@@ -202,26 +189,26 @@ def _decode_split_kernel(
             if Q_SUM_TILE:
                 s = dots * _per_key(a_k / K_UNIT, NG, TR) - q_sum * _per_key(z_k * a_k, NG, TR)
             else:
-                s = (dots * _per_key(a_k / K_UNIT, NG, TR, KEYS_MAJOR, KEY_PAIRS)
-                     - _per_row(q_sum, KEYS_MAJOR) * _per_key(z_k * a_k, NG, TR, KEYS_MAJOR, KEY_PAIRS))
+                s = (dots * _per_key(a_k / K_UNIT, NG, TR, KEYS_MAJOR)
+                     - _per_row(q_sum, KEYS_MAJOR) * _per_key(z_k * a_k, NG, TR, KEYS_MAJOR))
         if SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap · tanh(s / softcap)
             s = s * LOG2E
         # rows past G·L are padding (zero queries, never stored): only keys are masked
-        keep = _per_key(n < S, NG, 1, KEYS_MAJOR, KEY_PAIRS)
+        keep = _per_key(n < S, NG, 1, KEYS_MAJOR)
         if IS_CAUSAL:  # top-left aligned, as scaled_dot_product_attention
-            keep = keep & (_per_key(n, NG, 1, KEYS_MAJOR, KEY_PAIRS) <= _per_row(ql_c, KEYS_MAJOR))
+            keep = keep & (_per_key(n, NG, 1, KEYS_MAJOR) <= _per_row(ql, KEYS_MAJOR))
         if HAS_MASK:
-            keep = keep & _per_row(row_ok_c, KEYS_MAJOR)
-            mptr = (mask_ptr + b * stride_mb + _per_row(qh_c * stride_mh + ql_c * stride_ml, KEYS_MAJOR)
-                    + _per_key(n64, NG, 1, KEYS_MAJOR, KEY_PAIRS) * stride_ms)
+            keep = keep & _per_row(row_ok, KEYS_MAJOR)
+            mptr = (mask_ptr + b * stride_mb + _per_row(qh * stride_mh + ql * stride_ml, KEYS_MAJOR)
+                    + _per_key(n64, NG, 1, KEYS_MAJOR) * stride_ms)
             if MASK_BOOL:
                 keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
             else:
                 s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
         if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
             held = tl.load(ring_pos_ptr + n64 % RING_W, mask=n < S, other=-1) == n64
-            keep = keep & ~_per_key(held, NG, 1, KEYS_MAJOR, KEY_PAIRS)
+            keep = keep & ~_per_key(held, NG, 1, KEYS_MAJOR)
         s = tl.where(keep, s, float("-inf"))
 
         # ---- online softmax (base 2) ------------------------------------------------------
@@ -244,7 +231,7 @@ def _decode_split_kernel(
                 l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _rescaled(
                     tl.exp2(m_i - m_safe), l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7, VP, KEYS_MAJOR, ZERO_DRAIN > 0,
                     V_BITS)
-            alpha = tl.full([MC], 1.0, tl.float32)
+            alpha = tl.full([M], 1.0, tl.float32)
         else:
             alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=KEY_AXIS)
@@ -254,20 +241,19 @@ def _decode_split_kernel(
         v_sc = v_scale.to(tl.float32)
         if V_LIN:  # α·(c + γ·l − z): α into the probabilities
             v_sc = v_sc * _lin_coef(V_LUT, 0)
-        pv = (p * _per_key(v_sc, NG, TR, KEYS_MAJOR, KEY_PAIRS)).to(tl.float16)
+        pv = (p * _per_key(v_sc, NG, TR, KEYS_MAJOR)).to(tl.float16)
         if V_LIN:  # z a zero point every key shares
             z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32), axis=KEY_AXIS) * _lin_coef(V_LUT, 2)
         if not V_TURBO:
             # values enter the dots as exact codes (no offset: one would cancel over thousands of keys)
             z_v = v_zero.to(tl.float32)
-            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR, KEYS_MAJOR, KEY_PAIRS),
-                                           axis=KEY_AXIS)
+            z_acc = z_acc * alpha + tl.sum(pv.to(tl.float32) * _per_key(z_v, NG, TR, KEYS_MAJOR), axis=KEY_AXIS)
         # group r's probabilities meet sub-block r's values; the other groups' rows are zeros there
         a_b = _per_row(alpha, KEYS_MAJOR)
         a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
             pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
             a0 * a_b, a1 * a_b, a2 * a_b, a3 * a_b, a4 * a_b, a5 * a_b, a6 * a_b, a7 * a_b, V_BITS, V_TURBO, V_NBYTES,
-            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR, ev0, ev1, ev2, EARLY_ROWS, KEY_PAIRS)
+            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR, ev0, ev1, ev2, EARLY_ROWS)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
@@ -277,15 +263,9 @@ def _decode_split_kernel(
     if KEYS_MAJOR:  # the accumulators as [rows, dims] for the epilogue (once per program)
         a0, a1, a2, a3, a4, a5, a6, a7 = (tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3), tl.trans(a4),
                                           tl.trans(a5), tl.trans(a6), tl.trans(a7))
-    if KEY_PAIRS:  # each parity's own block: [2M, VPW], the two parities as two row groups
-        a0, a1, a2, a3, a4, a5, a6, a7 = (_pair_diagonal(a0, M, VPW), _pair_diagonal(a1, M, VPW),
-                                          _pair_diagonal(a2, M, VPW), _pair_diagonal(a3, M, VPW),
-                                          _pair_diagonal(a4, M, VPW), _pair_diagonal(a5, M, VPW),
-                                          _pair_diagonal(a6, M, VPW), _pair_diagonal(a7, M, VPW))
-    if NG > 1 or KEY_PAIRS:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
+    if NG > 1:  # the row groups' running sums become each query row's (log-sum-exp), TR rows from here
         m_i, l_i, z_acc, a0, a1, a2, a3, a4, a5, a6, a7 = _merged_row_groups(m_i, l_i, z_acc, a0, a1, a2, a3, a4,
-                                                                             a5, a6, a7, 2 if KEY_PAIRS else NG, TR,
-                                                                             VP)
+                                                                             a5, a6, a7, NG, TR, VP)
         rows = tl.program_id(2) * TR + tl.arange(0, TR)
         row_ok = rows < G * L
         qh = h * G + rows // L
@@ -386,14 +366,10 @@ def _rescaled_plane(a, a_b, z_a, S: tl.constexpr, KEYS_MAJOR: tl.constexpr, DRAI
 
 
 @triton.jit
-def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr, PAIRS: tl.constexpr = False,
-                   M: tl.constexpr = 1):
+def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr):
     """Positions of a block's keys as the scores hold them: ``[BLOCK_N]`` (one row group: every row
-    reads every key), or ``[M, BLOCK_N / NG]`` (row group ``r`` reads keys ``r · BLOCK_N / NG …``), or with
-    ``PAIRS`` ``[BLOCK_N / 2, 2M]`` (key ``2i + h`` in row ``i``, columns ``hM … hM + M − 1``)."""
-    if PAIRS:
-        pos = start + 2 * tl.arange(0, BLOCK_N // 2)[:, None] + (tl.arange(0, 2 * M) // M)[None, :]
-    elif NG == 1:
+    reads every key), or ``[M, BLOCK_N / NG]`` (row group ``r`` reads keys ``r · BLOCK_N / NG …``)."""
+    if NG == 1:
         pos = start + tl.arange(0, BLOCK_N)
     else:
         SUB_N: tl.constexpr = BLOCK_N // NG
@@ -402,17 +378,11 @@ def _key_positions(start, grp, BLOCK_N: tl.constexpr, NG: tl.constexpr, PAIRS: t
 
 
 @triton.jit
-def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1, KEYS_MAJOR: tl.constexpr = False,
-             PAIRS: tl.constexpr = False):
+def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1, KEYS_MAJOR: tl.constexpr = False):
     """A per-key quantity in the score tile's shape: broadcast over the rows if ``x`` has
     :func:`_key_positions`' shape (down a keys-major tile's column); a block's ``[BLOCK_N]`` laid out
-    ``[M, BLOCK_N / NG]`` with ``TR`` rows per group given, or with ``PAIRS`` ``[BLOCK_N / 2, 2·TR]`` (key
-    ``2i + h`` across columns ``h·TR …``; a tile of that shape already is one)."""
-    if PAIRS:
-        if len(x.shape) == 1:
-            HALF: tl.constexpr = x.shape[0] // 2
-            x = tl.reshape(tl.broadcast_to(tl.reshape(x, [HALF, 2, 1]), [HALF, 2, TR]), [HALF, 2 * TR])
-    elif KEYS_MAJOR:
+    ``[M, BLOCK_N / NG]`` with ``TR`` rows per group given."""
+    if KEYS_MAJOR:
         x = x[:, None]
     elif NG == 1:
         x = x[None, :]
@@ -420,36 +390,6 @@ def _per_key(x, NG: tl.constexpr, TR: tl.constexpr = 1, KEYS_MAJOR: tl.constexpr
         SUB_N: tl.constexpr = x.shape[0] // NG
         x = tl.reshape(tl.broadcast_to(tl.reshape(x, [NG, 1, SUB_N]), [NG, TR, SUB_N]), [NG * TR, SUB_N])
     return x
-
-
-@triton.jit
-def _pair_cols(x, PAIRS: tl.constexpr):
-    """A per-query-row ``[M]`` quantity as the score tile's columns hold the rows: ``[2M]`` (the rows twice) with
-    ``PAIRS``, else as it is."""
-    if PAIRS:
-        M: tl.constexpr = x.shape[0]
-        x = tl.reshape(tl.broadcast_to(x[None, :], [2, M]), [2 * M])
-    return x
-
-
-@triton.jit
-def _pair_plane(q):
-    """A keys-major query plane ``[PW, M]`` as the block-diagonal ``[2·PW, 2M]`` a pair tile's rows meet
-    (:func:`~.code_operands._pair_rows`): rows ``h·PW …`` and columns ``h·M …`` hold ``q`` for each parity ``h``."""
-    PW: tl.constexpr = q.shape[0]
-    M: tl.constexpr = q.shape[1]
-    x = tl.broadcast_to(tl.reshape(q, [1, PW, 1, M]), [2, PW, 2, M])
-    same = tl.arange(0, 2)[:, None, None, None] == tl.arange(0, 2)[None, None, :, None]
-    return tl.reshape(tl.where(same, x, tl.zeros_like(x)), [2 * PW, 2 * M])
-
-
-@triton.jit
-def _pair_diagonal(a, M: tl.constexpr, PW: tl.constexpr):
-    """A pair tile's accumulator ``[2M, 2·PW]`` (rows, dims: transposed from the loop's) as its two parities'
-    own blocks ``[2M, PW]``: row ``h·M + r`` the parity-``h`` keys' sum for query row ``r``."""
-    x = tl.reshape(a, [2, M, 2, PW])
-    same = tl.arange(0, 2)[:, None, None, None] == tl.arange(0, 2)[None, None, :, None]
-    return tl.reshape(tl.sum(tl.where(same, x, 0.0), axis=2), [2 * M, PW])
 
 
 @triton.jit
@@ -490,16 +430,12 @@ def _plane_dot(q, k0, k1, k2, acc, S: tl.constexpr, BITS: tl.constexpr, TURBO: t
 def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BITS: tl.constexpr, TURBO: tl.constexpr,
               NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr, N: tl.constexpr, klut_ptr,
               USE_ASM: tl.constexpr, LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0,
-              LOADED: tl.constexpr = False, PAIRS: tl.constexpr = False):
-    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``, key pairs
-    ``[N / 2, 2M]``; in plane 0's units); with ``LOADED`` their rows are ``k0, k1, k2``
-    (:func:`~.code_operands._block_rows`)."""
-    if PAIRS:
-        k0 = _pair_rows(kc_base, first, S, stride_kcs, NBYTES, KPW, N)
-        k1, k2 = k0, k0
-    elif not LOADED:
+              LOADED: tl.constexpr = False):
+    """The query planes' dots with keys ``first … first + N − 1`` (``[M, N]``, keys-major ``[N, M]``; in
+    plane 0's units); with ``LOADED`` their rows are ``k0, k1, k2`` (:func:`~.code_operands._block_rows`)."""
+    if not LOADED:
         k0, k1, k2 = _block_rows(kc_base, first, S, stride_kcs, BITS, NBYTES, KPW, N)
-    dots = tl.zeros([k0.shape[0], q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
+    dots = tl.zeros([N, q0.shape[1]] if KEYS_MAJOR else [q0.shape[0], N], tl.float32)
     dots = _plane_dot(q0, k0, k1, k2, dots, 0, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
     if KP > 1:
         dots = _plane_dot(q1, k0, k1, k2, dots, 1, BITS, TURBO, klut_ptr, USE_ASM, LUT, KEYS_MAJOR)
@@ -518,15 +454,14 @@ def _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, first, S, stride_kcs, BIT
 def _block_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, grp, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, KP: tl.constexpr, KPW: tl.constexpr,
                 BLOCK_N: tl.constexpr, NG: tl.constexpr, klut_ptr, USE_ASM: tl.constexpr,
-                LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0, LOADED: tl.constexpr = False,
-                PAIRS: tl.constexpr = False):
+                LUT: tl.constexpr, KEYS_MAJOR: tl.constexpr = False, k0=0, k1=0, k2=0, LOADED: tl.constexpr = False):
     """A block's dots in the score tile's layout: group ``r``'s rows take the dots of sub-block ``r``
     (every group's MMA rows are computed and the others dropped: the MMA pads to 16 rows anyway,
     and the softmax then runs once for the block). ``LOADED``: one group, whose rows are ``k0, k1, k2``."""
     SUB_N: tl.constexpr = BLOCK_N // NG
     tl.static_assert(NG == 1 or not LOADED)
     dots = _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk, S, stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N,
-                     klut_ptr, USE_ASM, LUT, KEYS_MAJOR, k0, k1, k2, LOADED, PAIRS)
+                     klut_ptr, USE_ASM, LUT, KEYS_MAJOR, k0, k1, k2, LOADED)
     for r in tl.static_range(1, NG):
         dots = tl.where(grp[:, None] == r, _key_dots(q0, q1, q2, q3, q4, q5, q6, q7, kc_base, blk + r * SUB_N, S,
                                                      stride_kcs, BITS, TURBO, NBYTES, KP, KPW, SUB_N, klut_ptr,
@@ -552,18 +487,13 @@ def _plus_dot(a, b, acc, rz, BLOCK_SUMS: tl.constexpr):
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
                 vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr,
-                KEYS_MAJOR: tl.constexpr = False, v0=0, v1=0, v2=0, LOADED: tl.constexpr = False,
-                PAIRS: tl.constexpr = False):
+                KEYS_MAJOR: tl.constexpr = False, v0=0, v1=0, v2=0, LOADED: tl.constexpr = False):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
     (:func:`_plus_dot`). Keys-major: ``pv [N, M]`` and accumulators ``[VPW, M]``, the values read
     transposed (``[VPW, N]``) so that each plane is the A operand as loaded, through the pipeline's
     shared memory; read as rows and transposed in registers, Triton converted them through shared
-    memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``. ``PAIRS``: ``pv [N / 2,
-    2M]``, accumulators ``[2·VPW, 2M]`` and the values' pair rows transposed (``[2·VPW, N / 2]``)."""
-    if PAIRS:
-        v0 = _pair_rows(vc_base, first, S, stride_vcs, NBYTES, VPW, N, True)
-        v1, v2 = v0, v0
-    elif not LOADED:
+    memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``."""
+    if not LOADED:
         v0, v1, v2 = _block_rows(vc_base, first, S, stride_vcs, BITS, NBYTES, VPW, N, KEYS_MAJOR)
     pv_low = pv
     if _lin_low_bits(LUT):  # linear turbo levels: the low bits meet γ·pv
