@@ -154,7 +154,8 @@ def main(argv=None):
     p.add_argument("--wide-query-rotation", action=argparse.BooleanOptionalAction, default=None,
                    help="the query's plane Hadamard on parts of up to 64 columns, or 32 (default: the plan's)")
     p.add_argument("--early-rows", action=argparse.BooleanOptionalAction, default=None,
-                   help="a one-block split's key and value rows loaded before the query's prologue (default: the plan's)")
+                   help="a one-block split's key and value rows loaded before the query's prologue "
+                        "(default: the plan's)")
     p.add_argument("--block-sums", action=argparse.BooleanOptionalAction, default=None,
                    help="value dots summed per block by fp32 adds (default: the plan's)")
     p.add_argument("--zero-drain", type=int, default=None,

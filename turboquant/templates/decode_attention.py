@@ -316,18 +316,22 @@ def _two_warp_programs(short3: bool, rows: int, programs: int, sms: int) -> bool
 
 
 def _early_rows(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, split_blocks: int, row_groups: int, programs: int,
-                sms: int) -> bool:
-    """Whether a split of one block (and one row group) loads its key and value rows before the query's prologue
-    (``early_rows``) by default: affine 3-bit keys and values, where the grid is at most
-    ``EARLY_ROWS_PROGRAMS_PER_SM`` programs per multiprocessor, the programs that fit one with the early rows'
-    registers (sm_90, B=8, Hq=32, Hkv=8, D=128: two-warp programs at 1K 138 → 227 registers, 7 → 4 programs an SM;
-    four-warp ones at 512 keys 85 → 118, 5 → 4). H100, same shape, CUDA graph µs, default → early rows, same
-    process (2026-12-07, ``benchmarks/results/session50_gpu/decode_variants_early_1k_h100.log`` and two calls
-    after it): affine 3-bit 1K (3.9 programs an SM) 8.784 → 8.459, 8.627 → 8.277, 512 keys (1.9) 7.945 → 7.442
-    (cuDNN 7.917). Not turbo 3-bit (10.39 → 10.44, 10.22 → 10.26, 512 keys 9.161 → 9.251) nor turbo 8-bit, whose
-    four-warp programs then fit 3 an SM (9.853 → 12.88). Not timed on the H200 nor at other batch sizes."""
-    return (all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec)) and split_blocks == 1
-            and row_groups == 1 and programs <= EARLY_ROWS_PROGRAMS_PER_SM * sms)
+                sms: int, override: Optional[bool] = None) -> bool:
+    """Whether a split loads its key and value rows before the query's prologue (``early_rows``): only a split of one
+    block and one row group can, then as ``override`` says, and by default for affine 3-bit keys and values where the
+    grid is at most ``EARLY_ROWS_PROGRAMS_PER_SM`` programs per multiprocessor, the programs that fit one with the early
+    rows' registers (sm_90, B=8, Hq=32, Hkv=8, D=128: two-warp programs at 1K 138 → 227 registers, 7 → 4 programs an SM;
+    four-warp ones at 512 keys 85 → 118, 5 → 4). H100, same shape, CUDA graph µs, default → early rows, same process
+    (2026-12-07, ``benchmarks/results/session50_gpu/decode_variants_early_1k_h100.log`` and two calls after it): affine
+    3-bit 1K (3.9 programs an SM) 8.784 → 8.459, 8.627 → 8.277, 512 keys (1.9) 7.945 → 7.442 (cuDNN 7.917). Not turbo
+    3-bit (10.39 → 10.44, 10.22 → 10.26, 512 keys 9.161 → 9.251) nor turbo 8-bit, whose four-warp programs then fit 3 an
+    SM (9.853 → 12.88). Not timed on the H200 nor at other batch sizes."""
+    if split_blocks != 1 or row_groups != 1:
+        return False
+    if override is not None:
+        return bool(override)
+    return (all(s.method == "affine" and s.bits == 3 for s in (k_spec, v_spec))
+            and programs <= EARLY_ROWS_PROGRAMS_PER_SM * sms)
 
 
 def _row_groups(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, block_n: int, split_keys: int,
@@ -914,8 +918,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         Q_ROW_LOAD=_query_row_load(one_warp, block_n) if query_row_load is None else bool(query_row_load),
         ZERO_DRAIN=int(zero_drain or 0),
         Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
-        EARLY_ROWS=(_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms) if early_rows is None
-                    else bool(early_rows) and split_blocks == 1 and row_groups == 1))
+        EARLY_ROWS=_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms, early_rows))
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
