@@ -149,6 +149,21 @@ def test_unsupported_uses_raise_instead_of_losing_writes():
         cache.add_(1.0)
     # reads are fine: they decode
     assert float((cache + 1).sum()) == 1 * 2 * 8 * 64
+    # a view merging head_dim would alias packed codes; ``-1`` standing for the merged size included
+    for size in ((1, 2, -1), (1, -1), (1, 2, 8 * 64)):
+        with pytest.raises(UnsupportedCacheOperation, match="changes head_dim"):
+            cache.view(*size)
+
+
+@pytest.mark.parametrize("cfg", CFGS)
+def test_reshape_copy_merging_head_dim_is_a_dense_read(cfg):
+    """Doge's dynamic mask reads ``v.transpose(1, 2).reshape(B, S, -1)``: reshape copies there (the transposed
+    cache is no view of that shape), and the copy nothing else aliases may be dense."""
+    x = torch.randn(2, 3, 9, 64)
+    cache = QuantizedCacheTensor.from_dense(x, cfg.spec("v"))
+    out = cache.transpose(1, 2).reshape(2, 9, -1)
+    assert type(out) is torch.Tensor and out.shape == (2, 9, 3 * 64)
+    torch.testing.assert_close(out, cache.dequantize().transpose(1, 2).reshape(2, 9, -1), rtol=0, atol=0)
 
 
 def test_compiled_decode_step_writes_only_the_new_token():

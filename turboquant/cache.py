@@ -422,9 +422,26 @@ def _dim_view(func, t, dim, *rest, **kw):
     return _same_view(t, lambda x: func(x, dim, *rest, **kw))
 
 
+def _last_size(func, t, size: list) -> int:
+    """The last dim of ``func``'s view of ``t`` to ``size``: a ``-1`` there keeps it (``expand``) or is inferred from
+    the other sizes (``view``, ``reshape``; one ``-1`` at most)."""
+    if size[-1] != -1:
+        return size[-1]
+    if func is aten.expand.default:
+        return t.shape[-1]
+    known = 1
+    for n in size[:-1]:
+        known *= n
+    return t.numel() // known if known else -1
+
+
 def _size_view(func, t, size, *rest, **kw):
     size = list(size)
-    if size and size[-1] not in (-1, t.head_dim):
+    if size and _last_size(func, t, size) != t.head_dim:
+        if func is aten._unsafe_view.default:
+            # the view after reshape's copy (``v.transpose(1, 2).reshape(B, S, -1)``: Doge's dynamic mask): its
+            # input is that copy, which nothing else aliases, so a dense copy loses no write
+            return func(_dense(t), size, *rest, **kw)
         raise UnsupportedCacheOperation(f"turboquant: {func} to size {size} changes head_dim of a quantized KV cache")
     if func is not aten.expand.default:
         repeated = _heads_repeated(t, size)

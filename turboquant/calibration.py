@@ -276,6 +276,9 @@ def calibrate(model, input_ids: torch.Tensor, batch_size: int = 4, layers: Optio
         rows = tqdm(rows, desc="tq calibrate", unit="batch")
     for start in rows:
         cache = hf.new_dynamic_cache(model)
+        if cache is None:
+            raise NotImplementedError(f"turboquant.calibrate: {type(model).__name__} makes a cache class of its own "
+                                      "instead of transformers' DynamicCache, from which calibration reads K/V")
         with queries:
             model(input_ids=input_ids[start:start + batch_size].to(device), use_cache=True,
                   **{hf.cache_kwarg(model.forward): cache})

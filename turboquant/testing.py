@@ -29,7 +29,26 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),      # soft-capped eager attention by default
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # sliding-window layers
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),          # Pythia: rotary on a quarter of head_dim
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM"),  # StarCoder: one KV head (multi-query)
+    "falcon": ("FalconConfig", "FalconForCausalLM"),               # multi-query, attention and MLP in parallel
+    "phi": ("PhiConfig", "PhiForCausalLM"),                        # Phi-2: rotary on half of head_dim
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),            # mixture of experts
+    "cohere": ("CohereConfig", "CohereForCausalLM"),               # Command-R: interleaved rotary, parallel block
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),                  # norms over the whole q and k projections
+    "doge": ("DogeConfig", "DogeForCausalLM"),                     # reads its value cache for a dynamic mask
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),        # Mamba and attention layers in one cache
 }
+
+# per family: _TINY entries its config has no field for (derived there: Falcon's and GPTBigCode's one KV head
+# comes from multi_query, most head dims from hidden_size / heads), and entries of its own
+_TINY_DROP = {"phi3": ("head_dim",), "gpt_neox": ("num_key_value_heads", "head_dim"),
+              "falcon": ("num_key_value_heads", "head_dim"), "phi": ("head_dim",), "cohere": ("head_dim",),
+              "olmo2": ("head_dim",), "doge": ("head_dim",), "falcon_h1": ("head_dim",)}
+_TINY_EXTRA = {"gemma3": dict(sliding_window=4), "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+               "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
+                                 mamba_chunk_size=16)}
+_GPT2_STYLE = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=256,
@@ -37,21 +56,21 @@ _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 
 
 def tiny_hf_model(family: str, attn: Optional[str] = None, seed: int = 0, **overrides):
-    """A 2-layer model of ``family`` (GQA 4:2, head_dim 32, vocab 128) with random weights."""
+    """A 2-layer model of ``family`` (GQA 4:2, head_dim 32, vocab 128, or its own family's nearest) with random
+    weights."""
     import transformers
 
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is not supported; allowed: {', '.join(FAMILIES)}")
     cfg_name, model_name = FAMILIES[family]
-    if family == "gpt2":
-        kw = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
+    if family in ("gpt2", "gpt_bigcode"):
+        kw = dict(_GPT2_STYLE)
     else:
-        kw = dict(_TINY)
-        if family == "phi3":
-            kw.pop("head_dim")  # derived from hidden_size / heads
-        if family == "gemma3":
-            kw["sliding_window"] = 4
+        kw = {k: v for k, v in _TINY.items() if k not in _TINY_DROP.get(family, ())}
+        kw.update(_TINY_EXTRA.get(family, {}))
     kw.update(overrides)
+    if not hasattr(transformers, cfg_name):
+        raise ValueError(f"family={family!r} needs {cfg_name}, which transformers {transformers.__version__} lacks")
     cfg = getattr(transformers, cfg_name)(**kw)
     if attn is not None:
         cfg._attn_implementation = attn

@@ -79,10 +79,20 @@ class CompileState:
     warned_no_cache: bool = False
     warned_grad_mode: bool = False
 
-    def warn_if_no_cache(self) -> None:
+    def warn_if_no_cache(self, cache_quantized: bool = False) -> None:
+        """Warn (once) when the captured graphs held no cache turboquant rewrote. ``cache_quantized``: the call's
+        transformers cache stores quantized K/V all the same (its writes and reads then run outside the graphs,
+        through :class:`~turboquant.cache.QuantizedCacheTensor`), so the model does not run unchanged."""
         if self.layers or self.warned_no_cache:
             return
         self.warned_no_cache = True
+        if cache_quantized:
+            warnings.warn("turboquant: the transformers cache stores quantized K/V, but the captured graphs hold no "
+                          "cache write feeding an attention that turboquant rewrites (graph breaks around the cache "
+                          "update?): the cache's writes and reads go through QuantizedCacheTensor's own handlers, "
+                          "correct but not the fused kernels, and turboquant.report lists no layers "
+                          "(torch._dynamo.explain shows the breaks)", stacklevel=4)
+            return
         warnings.warn("turboquant: no KV-cache write feeding an attention was found in the captured graphs; the "
                       "model runs unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ "
                       "and read by scaled_dot_product_attention or matmul-softmax-matmul)", stacklevel=4)
@@ -272,7 +282,10 @@ def _prepare_hf_cache(model, state: CompileState, cache_arg: str, args, kwargs) 
     if cache is None:
         if kwargs.get("use_cache") is False or not getattr(model.config, "use_cache", True):
             return False
-        cache = kwargs[cache_arg] = hf.new_dynamic_cache(model)
+        cache = hf.new_dynamic_cache(model)
+        if cache is None:
+            return False
+        kwargs[cache_arg] = cache
     if not hf.is_hf_cache(cache):
         return False
     hf.quantize_cache(cache, lambda i: state.config.for_layer(i, len(cache.layers)))
@@ -316,12 +329,11 @@ def compile(model, bits: int = 4, **options):
     @functools.wraps(original)
     def forward(*args, **kwargs):
         quantized = bool(state.layers)
-        if is_hf:
-            quantized = _prepare_hf_cache(model, state, cache_arg, args, kwargs) or quantized
-        with state.inference_only(quantized):
+        hf_quantized = is_hf and _prepare_hf_cache(model, state, cache_arg, args, kwargs)
+        with state.inference_only(quantized or hf_quantized):
             out = compiled(*args, **kwargs)
         if state.graphs:
-            state.warn_if_no_cache()
+            state.warn_if_no_cache(cache_quantized=hf_quantized)
         return out
 
     model.forward = forward

@@ -64,16 +64,28 @@ def is_hf_cache(obj) -> bool:
 
 
 def new_dynamic_cache(model):
+    """A ``DynamicCache`` for a call that brought none, or None where the model makes a cache class of its own
+    (transformers' ``_supports_default_dynamic_cache``: the linear-attention MiniMax, RWKV, …) and refuses one."""
     from transformers import DynamicCache
 
+    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if supports is not None and not supports():
+        return None
     return DynamicCache(config=model.config)
 
 
 def kv_shape(model) -> tuple:
-    """``(kv_heads, head_dim)`` of a transformers model's attention layers."""
+    """``(kv_heads, head_dim)`` of a transformers model's attention layers.
+
+    Multi-query configs (GPTBigCode, Falcon's first architecture: ``multi_query``) have one KV head; transformers
+    before 5.2x derived no ``num_key_value_heads`` for them, and a cache allocated with ``num_attention_heads``
+    heads failed at the first write (Falcon, StarCoder on 5.17)."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    if getattr(cfg, "multi_query", False) and not getattr(cfg, "new_decoder_architecture", False):
+        kv_heads = 1
+    else:
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_kv_heads", None) or heads
     hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     return kv_heads, head_dim
@@ -194,10 +206,41 @@ def _convert_layer(layer, config: KVQuantConfig, key_states, value_states, index
         layer.keys, layer.values = keys, values
 
 
-def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
-    """Make every layer of an HF ``cache`` store quantized K/V; returns how many layers were tagged.
+def _key_value_states(args, kwargs) -> Optional[tuple]:
+    """``(key_states, value_states)`` of a ``lazy_initialization`` call that allocates K/V; None for a hybrid
+    layer's other calls (a linear-attention part's ``conv_states=…`` / ``recurrent_states=…``)."""
+    if len(args) == 2 and not kwargs:
+        return args
+    if not args and set(kwargs) == {"key_states", "value_states"}:
+        return kwargs["key_states"], kwargs["value_states"]
+    return None
 
-    ``config_for_layer(i)`` gives the layer's config, or ``None`` to keep it dense.
+
+def _quantizing_initialization(layer, config: KVQuantConfig, index: int):
+    """``layer.lazy_initialization`` followed by the layer's conversion to quantized K/V."""
+    original = layer.lazy_initialization
+
+    @torch.compiler.disable
+    def lazy_initialization(*args, **kwargs):
+        original(*args, **kwargs)
+        states = _key_value_states(args, kwargs)
+        if states is not None:
+            _convert_layer(layer, config, *states, index)
+
+    return lazy_initialization
+
+
+def _holds_key_values(layer) -> bool:
+    """Whether a cache layer stores attention K/V (transformers' ``keys``/``values``); a linear-attention or
+    state-space layer of a hybrid model (Falcon-H1, Qwen3-Next, …) holds only its own states."""
+    return hasattr(layer, "keys") and hasattr(layer, "values")
+
+
+def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:
+    """Make every layer of an HF ``cache`` that holds K/V store them quantized; returns how many layers were tagged.
+
+    ``config_for_layer(i)`` gives the layer's config, or ``None`` to keep it dense. Layers with no K/V (the
+    linear-attention layers of a hybrid model) keep their states as they are.
     Already-initialized dense layers are quantized from their current content.
     """
     layers = getattr(cache, "layers", [])
@@ -205,20 +248,13 @@ def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConf
         return 0  # every layer seen already: the common case, once per decode step
     tagged = 0
     for i, layer in enumerate(layers):
-        if getattr(layer, "_turboquant_config", None) is not None:
+        if getattr(layer, "_turboquant_config", None) is not None or not _holds_key_values(layer):
             continue
         config = config_for_layer(i)
         if config is None:
             continue
         layer._turboquant_config = config
-        original = layer.lazy_initialization
-
-        @torch.compiler.disable
-        def lazy_initialization(key_states, value_states, _orig=original, _layer=layer, _cfg=config, _i=i):
-            _orig(key_states, value_states)
-            _convert_layer(_layer, _cfg, key_states, value_states, _i)
-
-        layer.lazy_initialization = lazy_initialization
+        layer.lazy_initialization = _quantizing_initialization(layer, config, i)
         if getattr(layer, "is_initialized", False) and isinstance(getattr(layer, "keys", None), torch.Tensor):
             _convert_layer(layer, config, layer.keys, layer.values, i)
         tagged += 1
