@@ -156,6 +156,16 @@ def test_unsupported_uses_raise_instead_of_losing_writes():
 
 
 @pytest.mark.parametrize("cfg", CFGS)
+def test_copy_into_a_dense_tensor_is_a_read(cfg):
+    """MLA (DeepSeek) builds its key by copying cached rows into slices of a dense tensor."""
+    cache = QuantizedCacheTensor.from_dense(torch.randn(2, 1, 9, 64), cfg.spec("k"))
+    key = torch.full((2, 3, 9, 80), 7.0)
+    key[..., 16:].copy_(cache.expand(-1, 3, -1, -1))
+    torch.testing.assert_close(key[..., 16:], cache.dequantize().expand(-1, 3, -1, -1), rtol=0, atol=0)
+    assert bool((key[..., :16] == 7).all())
+
+
+@pytest.mark.parametrize("cfg", CFGS)
 def test_reshape_copy_merging_head_dim_is_a_dense_read(cfg):
     """Doge's dynamic mask reads ``v.transpose(1, 2).reshape(B, S, -1)``: reshape copies there (the transposed
     cache is no view of that shape), and the copy nothing else aliases may be dense."""

@@ -487,6 +487,8 @@ def _rows_for(dst: QuantizedCacheTensor, src) -> tuple:
 
 
 def _copy_(func, dst, src, non_blocking=False):
+    if not isinstance(dst, QuantizedCacheTensor):  # a read into a dense tensor (MLA's key from its cached latents)
+        return func(dst, _dense(src), non_blocking)
     codes, meta = _rows_for(dst, src.expand(dst.shape) if not isinstance(src, QuantizedCacheTensor) else src)
     dst.codes.copy_(codes)
     dst.meta.copy_(meta)

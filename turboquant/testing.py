@@ -38,6 +38,8 @@ FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),                  # norms over the whole q and k projections
     "doge": ("DogeConfig", "DogeForCausalLM"),                     # reads its value cache for a dynamic mask
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),        # Mamba and attention layers in one cache
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),     # linear-attention layers with states, no K/V
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),  # MLA: caches its latents, attends over projections
 }
 
 # per family: _TINY entries its config has no field for (derived there: Falcon's and GPTBigCode's one KV head
@@ -47,7 +49,13 @@ _TINY_DROP = {"phi3": ("head_dim",), "gpt_neox": ("num_key_value_heads", "head_d
               "olmo2": ("head_dim",), "doge": ("head_dim",), "falcon_h1": ("head_dim",)}
 _TINY_EXTRA = {"gemma3": dict(sliding_window=4), "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
                "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
-                                 mamba_chunk_size=16)}
+                                 mamba_chunk_size=16),
+               "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+               "deepseek_v3": dict(head_dim=8, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                   kv_lora_rank=32, q_lora_rank=32, num_key_value_heads=4, n_routed_experts=4,
+                                   num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
+                                   first_k_dense_replace=1, n_shared_experts=1)}
 _GPT2_STYLE = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

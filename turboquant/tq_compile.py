@@ -77,6 +77,7 @@ class CompileState:
     # graphs and the first may hold no attention); the bare backend judges each graph
     check_after_call: bool = False
     warned_no_cache: bool = False
+    calls_without_layers: int = 0   # calls over a quantized transformers cache that recorded no layer yet
     warned_grad_mode: bool = False
 
     def warn_if_no_cache(self, cache_quantized: bool = False) -> None:
@@ -85,13 +86,18 @@ class CompileState:
         through :class:`~turboquant.cache.QuantizedCacheTensor`), so the model does not run unchanged."""
         if self.layers or self.warned_no_cache:
             return
+        if cache_quantized:
+            # a prefill whose graphs break around the cache may record nothing while the decode steps do (Falcon-H1)
+            self.calls_without_layers += 1
+            if self.calls_without_layers < 2:
+                return
         self.warned_no_cache = True
         if cache_quantized:
             warnings.warn("turboquant: the transformers cache stores quantized K/V, but the captured graphs hold no "
-                          "cache write feeding an attention that turboquant rewrites (graph breaks around the cache "
-                          "update?): the cache's writes and reads go through QuantizedCacheTensor's own handlers, "
-                          "correct but not the fused kernels, and turboquant.report lists no layers "
-                          "(torch._dynamo.explain shows the breaks)", stacklevel=4)
+                          "cache write feeding an attention that turboquant rewrites (an attention of another form, "
+                          "or graph breaks around the cache update: torch._dynamo.explain shows them): the cache's "
+                          "writes and reads go through QuantizedCacheTensor's own handlers, correct but not the fused "
+                          "kernels, and turboquant.report lists no layers", stacklevel=4)
             return
         warnings.warn("turboquant: no KV-cache write feeding an attention was found in the captured graphs; the "
                       "model runs unchanged (a cache must be written with cat/index_copy_/index_put_/setitem/copy_ "

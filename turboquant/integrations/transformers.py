@@ -100,8 +100,17 @@ def initialize_cache(cache, model, batch: int) -> None:
     """
     layers = getattr(cache, "layers", [])
     if layers and not all(getattr(layer, "is_initialized", True) for layer in layers):
-        kv_heads, head_dim = kv_shape(model)
-        cache.early_initialization(batch, kv_heads, head_dim, model.dtype, model.device)
+        shape = _initial_shape(model)
+        if shape is not None:
+            cache.early_initialization(batch, *shape, model.dtype, model.device)
+
+
+def _initial_shape(model) -> Optional[tuple]:
+    """``(kv_heads, head_dim)`` to allocate a cache's layers with ahead of the first call (either may be a list, one
+    per layer), or None where they cannot be: transformers' own answer where it has one (``None`` for MLA models,
+    whose cached keys and values differ in width, and for models spread over devices), else :func:`kv_shape`."""
+    shape_of = getattr(model, "_get_static_cache_init_shape", None)
+    return shape_of() if shape_of is not None else kv_shape(model)
 
 
 def call_batch_size(args, kwargs) -> int:
