@@ -82,8 +82,8 @@ class CompileState:
 
     def warn_if_no_cache(self, cache_quantized: bool = False) -> None:
         """Warn (once) when the captured graphs held no cache turboquant rewrote. ``cache_quantized``: the call's
-        transformers cache stores quantized K/V all the same (its writes and reads then run outside the graphs,
-        through :class:`~turboquant.cache.QuantizedCacheTensor`), so the model does not run unchanged."""
+        transformers cache stores quantized K/V all the same (its writes and reads then go through
+        :class:`~turboquant.cache.QuantizedCacheTensor`'s handlers), so the model does not run unchanged."""
         if self.layers or self.warned_no_cache:
             return
         if cache_quantized:
