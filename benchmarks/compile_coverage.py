@@ -28,18 +28,11 @@ import torch
 import turboquant
 from turboquant.integrations.transformers import cache_kwarg, initialize_cache, quantize_cache
 from turboquant.reporting import format_table, write_csv
-from turboquant.testing import FAMILIES, left_padded_batch, tiny_hf_model
+from turboquant.testing import (FAMILIES, NEAR_TIE, greedy_generate, left_padded_batch, parting_margin,
+                                tiny_hf_model)
 
 COLUMNS = ["family", "cache", "attn", "batch", "pass", "status", "same_tokens", "same_seqs", "parting_margin",
            "logits_rel_err_8bit", "differs_2bit", "bytes_ratio_8", "bytes_ratio_4", "bytes_ratio_3", "error"]
-
-
-def _generate(model, ids, mask, cache, n):
-    kw = {"cache_implementation": "static"} if cache == "static" else {}
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True, **kw)
-    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
 
 
 def _bytes_ratio(base, ids, mask, cache, bits):
@@ -92,28 +85,20 @@ def _prompts(batch, fitted):
     return ids, mask
 
 
-NEAR_TIE = 0.05  # logits: a greedy token may flip where the reference's top-2 are this close
-
-
 def run_case(family, cache, attn, batch, n, init_std=0.1, fit_steps=0):
     base = _model(family, attn, init_std, fit_steps)
     ids, mask = _prompts(batch, fit_steps > 0)
     row = {"family": family, "cache": cache, "attn": attn, "batch": batch}
-    ref_tokens, ref_logits = _generate(base, ids, mask, cache, n)
+    ref_tokens, ref_logits = greedy_generate(base, ids, mask, cache, n)
     torch._dynamo.reset()
     model = turboquant.compile(copy.deepcopy(base), bits=8)
-    tokens, logits = _generate(model, ids, mask, cache, n)
+    tokens, logits = greedy_generate(model, ids, mask, cache, n)
     agree = (tokens == ref_tokens).all(0).cumprod(0).bool()  # steps before the first divergence
     row["same_tokens"] = bool(torch.equal(tokens, ref_tokens))
     row["same_seqs"] = f"{int((tokens == ref_tokens).all(1).sum())}/{batch}"
     # where a row parts from the reference: the reference's top-2 logit margin there (a near-tie
     # flips under any perturbation, an Inductor rounding included)
-    margins = []
-    for r in range(batch):
-        diff = (tokens[r] != ref_tokens[r]).nonzero()
-        if len(diff):
-            top2 = ref_logits[r, int(diff[0])].topk(2).values
-            margins.append(float(top2[0] - top2[1]))
+    margins = [m for r in range(batch) if (m := parting_margin(tokens[r], ref_tokens[r], ref_logits[r])) is not None]
     row["parting_margin"] = max(margins) if margins else ""
     k = int(agree.sum()) or 1
     row["logits_rel_err_8bit"] = float((logits[:, :k] - ref_logits[:, :k]).norm() / ref_logits[:, :k].norm())
@@ -122,7 +107,7 @@ def run_case(family, cache, attn, batch, n, init_std=0.1, fit_steps=0):
     if batch == 1:
         torch._dynamo.reset()
         model2 = turboquant.compile(copy.deepcopy(base), bits=2)
-        _, logits2 = _generate(model2, ids, mask, cache, 4)
+        _, logits2 = greedy_generate(model2, ids, mask, cache, 4)
         row["differs_2bit"] = float((logits2 - ref_logits[:, :4]).norm() / ref_logits[:, :4].norm()) > 1e-3
     for bits in (8, 4, 3):
         row[f"bytes_ratio_{bits}"] = _bytes_ratio(base, ids, mask, cache, bits)

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import turboquant  # noqa: E402
 from turboquant.reporting import format_table, write_csv  # noqa: E402
+from turboquant.testing import NEAR_TIE, greedy_generate, parting_margin  # noqa: E402
 
 # decoder-only types of transformers 5.25 with a KV cache, beyond turboquant.testing.FAMILIES' Llama-like ones:
 # multi-query, partial rotary, MoE, hybrid Mamba / linear-attention, MLA, custom caches
@@ -48,7 +49,6 @@ _MLA = dict(qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank
 OWN = {"deepseek_v2": _MLA, "deepseek_v3": _MLA, "qwen3_next": dict(layer_types=["linear_attention", "full_attention"]),
        "recurrent_gemma": dict(block_types=["recurrent", "attention"])}
 ALWAYS = dict(vocab_size=128, pad_token_id=0, eos_token_id=1, bos_token_id=2, initializer_range=0.1)
-NEAR_TIE = 0.05
 COLUMNS = ["type", "cache", "attn", "stage", "status", "same_tokens", "parting_margin", "warning", "error", "seconds"]
 
 
@@ -73,33 +73,24 @@ def tiny_model(model_type: str):
     return model_cls(cfg).eval(), attn
 
 
-def _generate(model, ids, cache, n):
-    kw = {"cache_implementation": "static"} if cache == "static" else {}
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kw)
-    return out.sequences[0, ids.shape[1]:], torch.stack(out.logits, 1)[0]
-
-
 def run_case(model_type: str, cache: str, n: int) -> dict:
     row = {"type": model_type, "cache": cache, "stage": "unquantized"}
     start = time.time()
     try:
         base, row["attn"] = tiny_model(model_type)
         ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
-        ref_tokens, ref_logits = _generate(base, ids, cache, n)
+        ref_tokens, ref_logits = (x[0] for x in greedy_generate(base, ids, cache=cache, new_tokens=n))
         row["stage"] = "turboquant"
         torch._dynamo.reset()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = turboquant.compile(copy.deepcopy(base), bits=8)
-            tokens, _ = _generate(model, ids, cache, n)
+            tokens = greedy_generate(model, ids, cache=cache, new_tokens=n)[0][0]
         row["stage"] = "done"
         row["same_tokens"] = bool(torch.equal(tokens, ref_tokens))
-        parted = (tokens != ref_tokens).nonzero()
-        if len(parted):
-            top2 = ref_logits[int(parted[0])].topk(2).values
-            row["parting_margin"] = round(float(top2[0] - top2[1]), 4)
+        margin = parting_margin(tokens, ref_tokens, ref_logits)
+        if margin is not None:
+            row["parting_margin"] = round(margin, 4)
         rows = turboquant.report(model)
         row["status"] = "/".join(sorted({r.status for r in rows})) or "none"
         said = [str(w.message) for w in caught if str(w.message).startswith("turboquant")]

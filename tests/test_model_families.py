@@ -11,13 +11,12 @@ import torch
 import turboquant
 from turboquant.cache import QuantizedCacheTensor
 from turboquant.integrations import transformers as hf
-from turboquant.testing import tiny_hf_model
+from turboquant.testing import NEAR_TIE, greedy_generate, parting_margin, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 NEW_TOKENS = 6
-NEAR_TIE = 0.05  # a greedy token may flip where the reference's top-2 logits are this close (8-bit K/V noise)
 
 
 def _model(family):
@@ -29,21 +28,14 @@ def _model(family):
 
 
 def _generate(model, ids, cache):
-    kw = {"cache_implementation": "static"} if cache == "static" else {}
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, **kw)
-    return out.sequences[0, ids.shape[1]:], torch.stack(out.logits, 1)[0]
+    tokens, logits = greedy_generate(model, ids, cache=cache, new_tokens=NEW_TOKENS)
+    return tokens[0], logits[0]
 
 
 def _follows(tokens, ref_tokens, ref_logits) -> bool:
     """The same tokens, or the same up to a step where the reference was a near-tie."""
-    for step, (t, r) in enumerate(zip(tokens.tolist(), ref_tokens.tolist())):
-        if t != r:
-            top2 = ref_logits[step].topk(2).values
-            return float(top2[0] - top2[1]) < NEAR_TIE
-    return True
+    margin = parting_margin(tokens, ref_tokens, ref_logits)
+    return margin is None or margin < NEAR_TIE
 
 
 @pytest.mark.parametrize("family, cache", [

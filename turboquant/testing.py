@@ -11,12 +11,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["FAMILIES", "KERNEL_REL_TOL", "tiny_hf_model", "left_padded_batch", "launched_kernels",
-           "decode_step_wrapper"]
+__all__ = ["FAMILIES", "KERNEL_REL_TOL", "NEAR_TIE", "tiny_hf_model", "left_padded_batch", "greedy_generate",
+           "parting_margin", "launched_kernels", "decode_step_wrapper"]
 
 # relative error a kernel may add against the float64 oracle on the same codes (bf16-class output;
 # issue 4): the decode-kernel tests assert it, the generation tests build their noise floor on it
 KERNEL_REL_TOL = 2e-3
+
+# logits: a greedy token may flip where the reference's top-2 are this close (8-bit K/V noise, an Inductor rounding)
+NEAR_TIE = 0.05
 
 # family -> (config class, model class) names in transformers
 FAMILIES = {
@@ -94,6 +97,27 @@ def left_padded_batch(batch: int = 3, length: int = 7, vocab: int = 128, seed: i
         mask[row, :min(length - 1, [0, 1, 3, 2, 4][row % 5])] = 0
     ids[mask == 0] = 0
     return ids, mask
+
+
+def greedy_generate(model, ids, mask=None, cache: str = "dynamic", new_tokens: int = 6) -> tuple:
+    """``(tokens [B, new_tokens], logits [B, new_tokens, vocab])`` of a transformers model's greedy generation after
+    ``ids`` (``mask``: its attention mask, all ones by default; ``cache="static"``: a static cache)."""
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, **kw)
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
+
+
+def parting_margin(tokens, ref_tokens, ref_logits) -> Optional[float]:
+    """Where one sequence's ``tokens`` first part from the reference's: the reference's top-2 logit margin at that
+    step (a near-tie, below ``NEAR_TIE``, flips under any perturbation); None where they never part."""
+    parted = (tokens != ref_tokens).nonzero()
+    if not len(parted):
+        return None
+    top2 = ref_logits[int(parted[0])].topk(2).values
+    return float(top2[0] - top2[1])
 
 
 def launched_kernels(wrapper: str) -> list:
