@@ -901,6 +901,23 @@ def test_turboquant_compiles_with_inductors_inlining_threshold_raised(monkeypatc
     assert seen[0]["realize_opcount_threshold"] == compat.INLINE_OPCOUNT
 
 
+@pytest.mark.parametrize("version, off", [("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0", False)])
+def test_cpu_graphs_compile_without_indirect_indexing_asserts_before_torch_2_13(monkeypatch, version, off):
+    """torch 2.11's C++ codegen emitted a bounds assert naming an index variable it declared further down
+    the kernel, and g++ refused the tiny Llama's generate ("'tmp2' was not declared in this scope");
+    2.12 has the same code, 2.13 the fix. Before 2.13, turboquant compiles a CPU graph without the
+    asserts; a graph on another device, or on 2.13, keeps them."""
+    import turboquant.compat as compat
+    from torch._inductor import compile_fx
+
+    monkeypatch.setattr(torch, "__version__", version)
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, config_patches: seen.append(config_patches))
+    compat.inductor_compile(None, [torch.zeros(2), 3])
+    compat.inductor_compile(None, [torch.zeros(2), torch.empty(2, device="meta")])
+    assert [p.get("assert_indirect_indexing", True) for p in seen] == [not off, True]
+
+
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:
     """The Triton kernels (CPU schedule) one decode step of the transformers ``model`` launches, in order."""
     return launched_kernels(decode_step_wrapper(model, 16, quantized))

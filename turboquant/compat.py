@@ -31,6 +31,7 @@ def inductor_compile(gm, example_inputs, mode=None, post_grad_pass=None):
         patches = dict(torch._inductor.list_mode_options(mode))
     patches.update(_eager_numerics())
     patches.update(_inlining())
+    patches.update(_cpp_bounds_asserts(example_inputs))
     if post_grad_pass is not None and torch._inductor.config.post_grad_custom_pre_pass is None:
         patches["post_grad_custom_pre_pass"] = post_grad_pass
     return compile_fx(gm, example_inputs, config_patches=patches)
@@ -49,6 +50,20 @@ def _eager_numerics() -> dict:
     elif hasattr(config, "emulate_divison_rounding"):  # older spelling
         patches["emulate_divison_rounding"] = True
     return patches
+
+
+def _cpp_bounds_asserts(example_inputs) -> dict:
+    """Inductor's indirect-indexing bounds asserts turned off for a CPU graph on torch < 2.13. Before 2.13 the
+    C++ codegen may put such an assert in a kernel's loads while the index it checks is a vector that the
+    kernel's compute section declares below it (2.13's ``CppKernel.check_bounds`` falls back to compute), and
+    g++ stops: "'tmp2' was not declared in this scope". Seen on torch 2.11 with transformers 5.17: the tiny
+    Llama's generate, in the kernel that builds the attention mask (an arange over the KV positions, and the
+    padding mask read at them); plain torch.compile of the same model built. Only the asserts go: an index out
+    of range would read out of bounds rather than raise."""
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13):
+        return {}
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    return {"assert_indirect_indexing": False} if devices == {"cpu"} else {}
 
 
 # Ops a pointwise expression may hold and still be inlined into its users (Inductor's GPU default: 30)
