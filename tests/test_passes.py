@@ -90,6 +90,46 @@ def test_rewritten_graph_over_quantized_caches_is_the_oracle():
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
 
 
+def gpt_neo_attention(q, k_cache, v_cache, k, pos, mask, keep):
+    """GPT-Neo's eager attention: scores in float32, unscaled, a boolean band (causal or local) by where."""
+    k_cache.index_copy_(2, pos, k)
+    v_cache.index_copy_(2, pos, k)
+    w = torch.matmul(q.to(torch.float32), k_cache.to(torch.float32).transpose(-1, -2))
+    fill = torch.tensor(torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+    w = torch.where(keep, w, fill) + mask
+    p = F.softmax(w, dim=-1).to(v_cache.dtype)
+    return torch.matmul(F.dropout(p, 0.0, False), v_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_where_masked_float32_scores_are_rewritten(dtype):
+    q, kc, vc, k, pos, mask = (a.to(dtype) if a.is_floating_point() else a for a in _inputs())
+    q, k = q[:, :2], k / 8  # MHA as GPT-Neo; unscaled scores of moderate size
+    keep = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+    keep[..., :2] = False  # a local band that starts after the first two keys
+    expect = gpt_neo_attention(q, kc.clone(), vc.clone(), k, pos, mask, keep)
+    (gm, sites, rewrites), compiled = _capture(gpt_neo_attention, q, kc, vc, k, pos, mask, keep, rewrite=True)
+    assert len(sites) == 1 and sites[0].read == "eager" and rewrites == 1
+    call = next(n for n in gm.graph.nodes if n.target is attention_over_cache)
+    assert call.kwargs == {"scale": 1.0, "softcap": None, "upcast": True}
+    assert call.args[3].target is torch.where
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.matmul not in targets and F.softmax not in targets
+    out = compiled(q, kc.clone(), vc.clone(), k, pos, mask, keep)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+    cfg = KVQuantConfig(bits=4)
+    qk, qv = (QuantizedCacheTensor.from_dense(c, cfg.spec(r)) for c, r in ((kc, "k"), (vc, "v")))
+    out = compiled(q, qk, qv, k, pos, mask, keep)
+    dense_k, dense_v = kc.clone(), vc.clone()
+    dense_k[:, :, 5:6], dense_v[:, :, 5:6] = k, k
+    ref = reference_attention(q.double(), quantize_kv(dense_k, cfg), quantize_kv(dense_v, cfg, role="v"),
+                              attn_mask=mask.double().masked_fill(~keep, float("-inf")), scale=1.0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert float((out.double() - ref).norm() / ref.norm()) < tol
+
+
 def test_unrecognized_eager_variant_is_left_alone():
     def odd(q, kc, vc, k, pos, mask):
         kc.index_copy_(2, pos, k)

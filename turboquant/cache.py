@@ -620,12 +620,14 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 _attention_op = torch.ops.turboquant.attention  # a module global: tests put the CUDA entry here on the CPU
 
 
-def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=None, is_causal=False):
+def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=None, is_causal=False,
+                         upcast=False):
     """Attention with optional soft-cap; one ``turboquant::attention`` call when K and V are quantized.
 
     With dense K/V it computes what transformers' eager attention does (matmul, scale,
     soft-cap, additive mask, float32 softmax, matmul), so the FX pass can put it in place of
-    that pattern whether or not the cache it reads has been swapped yet.
+    that pattern whether or not the cache it reads has been swapped yet; ``upcast`` takes the
+    score matmul in float32, as GPT-Neo's eager attention does (the op's scores are float32 anyway).
     """
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     if isinstance(key, QuantizedCacheTensor) and isinstance(value, QuantizedCacheTensor):
@@ -648,7 +650,10 @@ def attention_over_cache(query, key, value, attn_mask=None, scale=None, softcap=
                             None if moved else k_frame, None if moved else v_frame)
         return per_kv_head(unframe_rows, out, v_frame) if moved and v_frame is not None else out
     key, value = _dense(key), _dense(value)
-    w = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if upcast:
+        w = torch.matmul(query.float(), key.float().transpose(-2, -1)) * scale
+    else:
+        w = torch.matmul(query, key.transpose(-2, -1)) * scale
     if softcap:
         w = torch.tanh(w / softcap) * softcap
     if is_causal:

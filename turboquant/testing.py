@@ -43,6 +43,8 @@ FAMILIES = {
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),        # Mamba and attention layers in one cache
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),     # linear-attention layers with states, no K/V
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),  # MLA: caches its latents, attends over projections
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM"),        # its last layers read earlier layers' K/V
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM"),              # eager only: float32 scores, a where-mask
 }
 
 # per family: _TINY entries its config has no field for (derived there: Falcon's and GPTBigCode's one KV head
@@ -50,7 +52,11 @@ FAMILIES = {
 _TINY_DROP = {"phi3": ("head_dim",), "gpt_neox": ("num_key_value_heads", "head_dim"),
               "falcon": ("num_key_value_heads", "head_dim"), "phi": ("head_dim",), "cohere": ("head_dim",),
               "olmo2": ("head_dim",), "doge": ("head_dim",), "falcon_h1": ("head_dim",)}
-_TINY_EXTRA = {"gemma3": dict(sliding_window=4), "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+_TINY_EXTRA = {"gemma3": dict(sliding_window=4),
+               "gemma3n": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                               num_kv_shared_layers=2, sliding_window=4, vocab_size_per_layer_input=128,
+                               hidden_size_per_layer_input=16, laurel_rank=8),
+               "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
                "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
                                  mamba_chunk_size=16),
                "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
@@ -60,6 +66,11 @@ _TINY_EXTRA = {"gemma3": dict(sliding_window=4), "mixtral": dict(num_local_exper
                                    num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
                                    first_k_dense_replace=1, n_shared_experts=1)}
 _GPT2_STYLE = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
+# sizes under the family's own field names (a global and a local layer for GPT-Neo)
+_OWN_SIZES = {"gpt2": _GPT2_STYLE, "gpt_bigcode": _GPT2_STYLE,
+              "gpt_neo": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=128,
+                              max_position_embeddings=256, attention_types=[[["global", "local"], 1]], window_size=4,
+                              pad_token_id=0, eos_token_id=1, bos_token_id=2)}
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, vocab_size=128, max_position_embeddings=256,
@@ -68,14 +79,14 @@ _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 
 def tiny_hf_model(family: str, attn: Optional[str] = None, seed: int = 0, **overrides):
     """A 2-layer model of ``family`` (GQA 4:2, head_dim 32, vocab 128, or its own family's nearest) with random
-    weights."""
+    weights; Gemma 3n's has 4 layers, the last two reading the first two's K/V."""
     import transformers
 
     if family not in FAMILIES:
         raise ValueError(f"family={family!r} is not supported; allowed: {', '.join(FAMILIES)}")
     cfg_name, model_name = FAMILIES[family]
-    if family in ("gpt2", "gpt_bigcode"):
-        kw = dict(_GPT2_STYLE)
+    if family in _OWN_SIZES:
+        kw = dict(_OWN_SIZES[family])
     else:
         kw = {k: v for k, v in _TINY.items() if k not in _TINY_DROP.get(family, ())}
         kw.update(_TINY_EXTRA.get(family, {}))

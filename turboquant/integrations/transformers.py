@@ -240,9 +240,11 @@ def _quantizing_initialization(layer, config: KVQuantConfig, index: int):
 
 
 def _holds_key_values(layer) -> bool:
-    """Whether a cache layer stores attention K/V (transformers' ``keys``/``values``); a linear-attention or
-    state-space layer of a hybrid model (Falcon-H1, Qwen3-Next, …) holds only its own states."""
-    return hasattr(layer, "keys") and hasattr(layer, "values")
+    """Whether a cache layer stores attention K/V (transformers' ``keys``/``values``, allocated by its
+    ``lazy_initialization``); a linear-attention or state-space layer of a hybrid model (Falcon-H1,
+    Qwen3-Next, …) holds only its own states, and the ``DummyLayer`` of a layer that reads another's
+    K/V (Gemma 3n's KV sharing) holds None and allocates nothing."""
+    return hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "lazy_initialization")
 
 
 def quantize_cache(cache, config_for_layer: Callable[[int], Optional[KVQuantConfig]]) -> int:

@@ -2,14 +2,18 @@
 
 The pattern (``eager_attention_forward`` of Llama, Gemma 2, Qwen, …)::
 
-    w = matmul(q, k.transpose(2, 3)) * scale        # or / d, or no scale
+    w = matmul(q, k.transpose(2, 3)) * scale        # or / d, or no scale; q and k may be upcast to
+                                                     # float32 first (GPT-Neo)
     w = tanh(w / softcap) * softcap                  # optional (Gemma 2)
+    w = where(keep, w, fill)                         # optional (GPT-Neo's causal / local band)
     w = w + mask                                     # optional
     p = softmax(w, dim=-1, dtype=float32).to(dtype)  # or softmax(w.float(), -1).type_as(q);
                                                      # dropout(p, training=False) optional
     out = matmul(p, v)
 
-becomes ``attention_over_cache(q, k, v, mask, scale=…, softcap=…)``, which is a single
+becomes ``attention_over_cache(q, k, v, mask, scale=…, softcap=…)`` (a ``where`` folds into the mask as
+``where(keep, mask, fill)``: a dropped score becomes ``w + fill`` rather than ``fill + mask``, which softmax
+weighs 0 all the same), which is a single
 ``turboquant::attention`` when ``k``/``v`` are quantized caches and the same eager math
 otherwise. Anything that does not match exactly is left alone.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.fx as fx
@@ -43,6 +47,9 @@ class EagerMatch:
     scale: float
     softcap: Optional[float]
     chain: List[fx.Node]       # the replaced nodes, last one first
+    keep: Optional[fx.Node] = None   # torch.where(keep, scores, fill) before the additive mask
+    fill: Any = None
+    upcast: bool = False       # q and k taken to float32 for the score matmul
 
 
 def _is(node, op, targets) -> bool:
@@ -96,24 +103,40 @@ def _softmax_input(p) -> Optional[tuple]:
 
 
 def _scores(s, chain) -> Optional[tuple]:
-    """(q, k, scale, softcap, mask) for the pre-softmax scores ``s``."""
-    mask = None
+    """(q, k, scale, softcap, upcast, keep, fill, mask) for the pre-softmax scores ``s``."""
     if _is(s, "call_function", _ADD):
         a, b = s.args[:2]
         chain.append(s)
         for cand, other in ((a, b), (b, a)):
-            got = _capped(cand, list(chain))
+            got = _kept(cand, list(chain))
             if got is not None:
-                q, k, scale, softcap, sub = got
-                chain[:] = sub
-                return q, k, scale, softcap, other
+                chain[:] = got[-1]
+                return (*got[:-1], other)
         return None
-    got = _capped(s, chain)
+    got = _kept(s, chain)
     if got is None:
         return None
-    q, k, scale, softcap, sub = got
-    chain[:] = sub
-    return q, k, scale, softcap, mask
+    chain[:] = got[-1]
+    return (*got[:-1], None)
+
+
+def _kept(s, chain):
+    """:func:`_capped`'s (q, k, scale, softcap, upcast) and (keep, fill) of ``s = torch.where(keep, scores, fill)``
+    (None, None without one), then the chain."""
+    keep = fill = None
+    if _is(s, "call_function", (torch.where,)) and len(s.args) == 3 and not s.kwargs:
+        keep, fill, chain, s = s.args[0], s.args[2], chain + [s], s.args[1]
+    got = _capped(s, chain)
+    return None if got is None else (*got[:-1], keep, fill, got[-1])
+
+
+def _upcast_source(x) -> Optional[fx.Node]:
+    """``t`` if ``x`` is ``t.to(torch.float32)`` or ``t.float()`` and used once, else None."""
+    if not (isinstance(x, fx.Node) and x.op == "call_method" and len(x.users) == 1 and not x.kwargs):
+        return None
+    if x.target == "float" and len(x.args) == 1 or x.target in ("to", "type") and x.args[1:] == (torch.float32,):
+        return x.args[0]
+    return None
 
 
 def _capped(s, chain):
@@ -134,10 +157,15 @@ def _capped(s, chain):
         scale, chain, s = 1.0 / float(s.args[1]), chain + [s], s.args[0]
     if not _is(s, "call_function", _MATMUL):
         return None
-    k = _key_of_transpose(s.args[1])
+    q, k = s.args[0], _key_of_transpose(s.args[1])
     if k is None:
         return None
-    return s.args[0], k, scale, softcap, chain + [s, s.args[1]]
+    chain = chain + [s, s.args[1]]
+    q_source, k_source = _upcast_source(q), _upcast_source(k)
+    upcast = q_source is not None and k_source is not None
+    if upcast:
+        chain, q, k = chain + [q, k], q_source, k_source
+    return q, k, scale, softcap, upcast, chain
 
 
 def match_eager_attention(node: fx.Node) -> Optional[EagerMatch]:
@@ -151,8 +179,9 @@ def match_eager_attention(node: fx.Node) -> Optional[EagerMatch]:
     got = _scores(s, chain)
     if got is None:
         return None
-    q, k, scale, softcap, mask = got
-    return EagerMatch(q=q, k=k, v=v, mask=mask, scale=scale, softcap=softcap, chain=[node] + chain)
+    q, k, scale, softcap, upcast, keep, fill, mask = got
+    return EagerMatch(q=q, k=k, v=v, mask=mask, scale=scale, softcap=softcap, chain=[node] + chain, keep=keep,
+                      fill=fill, upcast=upcast)
 
 
 def rewrite_eager_attention(gm: fx.GraphModule) -> int:
@@ -163,8 +192,13 @@ def rewrite_eager_attention(gm: fx.GraphModule) -> int:
         if m is None:
             continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(attention_over_cache, (m.q, m.k, m.v, m.mask),
-                                         {"scale": m.scale, "softcap": m.softcap})
+            mask = m.mask
+            if m.keep is not None:
+                mask = gm.graph.call_function(torch.where, (m.keep, 0.0 if mask is None else mask, m.fill))
+            kwargs = {"scale": m.scale, "softcap": m.softcap}
+            if m.upcast:
+                kwargs["upcast"] = True
+            new = gm.graph.call_function(attention_over_cache, (m.q, m.k, m.v, mask), kwargs)
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         for n in m.chain:  # output first: each becomes dead once its user is gone

@@ -152,7 +152,9 @@ def _eager_attention(node: fx.Node):
                     or (kt.op == "call_function" and kt.target is torch.transpose)):
                 return kt.args[0], v
             return None
-        p = p.args[0] if p.args else None
+        # torch.where(keep, scores, fill) masks the scores it holds second (GPT-Neo's local and causal mask)
+        p = p.args[1] if p.op == "call_function" and p.target is torch.where and len(p.args) == 3 else \
+            p.args[0] if p.args else None
     return None
 
 
