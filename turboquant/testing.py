@@ -45,6 +45,7 @@ FAMILIES = {
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),  # MLA: caches its latents, attends over projections
     "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM"),        # its last layers read earlier layers' K/V
     "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM"),              # eager only: float32 scores, a where-mask
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM"),            # lightning attention; a cache class of its own
 }
 
 # per family: _TINY entries its config has no field for (derived there: Falcon's and GPTBigCode's one KV head
@@ -57,6 +58,8 @@ _TINY_EXTRA = {"gemma3": dict(sliding_window=4),
                                num_kv_shared_layers=2, sliding_window=4, vocab_size_per_layer_input=128,
                                hidden_size_per_layer_input=16, laurel_rank=8),
                "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+               "minimax": dict(num_local_experts=4, num_experts_per_tok=2, block_size=16,
+                               layer_types=["full_attention", "linear_attention"]),
                "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
                                  mamba_chunk_size=16),
                "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], num_experts=4,

@@ -77,17 +77,19 @@ class CompileState:
     # graphs and the first may hold no attention); the bare backend judges each graph
     check_after_call: bool = False
     warned_no_cache: bool = False
-    calls_without_layers: int = 0   # calls over a quantized transformers cache that recorded no layer yet
+    calls_without_layers: int = 0   # calls of a transformers model that recorded no layer yet
     warned_grad_mode: bool = False
 
-    def warn_if_no_cache(self, cache_quantized: bool = False) -> None:
+    def warn_if_no_cache(self, cache_quantized: bool = False, patient: bool = False) -> None:
         """Warn (once) when the captured graphs held no cache turboquant rewrote. ``cache_quantized``: the call's
         transformers cache stores quantized K/V all the same (its writes and reads then go through
-        :class:`~turboquant.cache.QuantizedCacheTensor`'s handlers), so the model does not run unchanged."""
+        :class:`~turboquant.cache.QuantizedCacheTensor`'s handlers), so the model does not run unchanged.
+        ``patient`` (a transformers model) or ``cache_quantized``: judged after a second call, since a prefill
+        may record nothing while the decode steps do: its graphs break around the cache (Falcon-H1), or it
+        builds the cache inside its forward, which the steps then receive as an input to swap (MiniMax)."""
         if self.layers or self.warned_no_cache:
             return
-        if cache_quantized:
-            # a prefill whose graphs break around the cache may record nothing while the decode steps do (Falcon-H1)
+        if cache_quantized or patient:
             self.calls_without_layers += 1
             if self.calls_without_layers < 2:
                 return
@@ -339,7 +341,7 @@ def compile(model, bits: int = 4, **options):
         with state.inference_only(quantized or hf_quantized):
             out = compiled(*args, **kwargs)
         if state.graphs:
-            state.warn_if_no_cache(cache_quantized=hf_quantized)
+            state.warn_if_no_cache(cache_quantized=hf_quantized, patient=is_hf)
         return out
 
     model.forward = forward

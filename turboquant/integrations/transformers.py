@@ -110,7 +110,14 @@ def _initial_shape(model) -> Optional[tuple]:
     per layer), or None where they cannot be: transformers' own answer where it has one (``None`` for MLA models,
     whose cached keys and values differ in width, and for models spread over devices), else :func:`kv_shape`."""
     shape_of = getattr(model, "_get_static_cache_init_shape", None)
-    return shape_of() if shape_of is not None else kv_shape(model)
+    if shape_of is None:
+        return kv_shape(model)
+    shape = shape_of()
+    heads = kv_shape(model)[0]
+    # transformers 5.17 reads num_key_value_heads, which its multi-query configs lack: Falcon got 4 heads for 1
+    if shape is not None and isinstance(shape[0], int) and heads < shape[0]:
+        return heads, shape[1]
+    return shape
 
 
 def call_batch_size(args, kwargs) -> int:
