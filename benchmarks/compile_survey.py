@@ -43,11 +43,21 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              num_layers=2, d_model=64, ffn_dim=128, n_inner=128, rotary_dim=8, num_kv_heads=2, kv_channels=16,
              num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
              shared_expert_intermediate_size=32, n_routed_experts=4, moe_num_experts=4)
-# types whose small model needs more than SMALL: MLA latents (DeepSeek), a full-attention layer among the first two
+# types whose small model needs more than SMALL: MLA latents (DeepSeek), an attention layer among the first two,
+# layer patterns and sub-configs sized for two layers
 _MLA = dict(qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32, n_group=1,
             topk_group=1, first_k_dense_replace=1, n_shared_experts=1, head_dim=8, num_key_value_heads=4)
 OWN = {"deepseek_v2": _MLA, "deepseek_v3": _MLA, "qwen3_next": dict(layer_types=["linear_attention", "full_attention"]),
-       "recurrent_gemma": dict(block_types=["recurrent", "attention"])}
+       "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+       "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),
+       "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0), n_heads=4, n_layers=2,
+                    ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2), max_seq_len=256),
+       "zamba2": dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=8, mamba_headdim=16, n_mamba_heads=8,
+                      attention_hidden_size=128, attention_head_dim=32),
+       # four layers, the last two reading the first two's K/V (KV sharing)
+       "gemma3n_text": dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                            num_kv_shared_layers=2, sliding_window=4, vocab_size_per_layer_input=128,
+                            hidden_size_per_layer_input=16, laurel_rank=8)}
 ALWAYS = dict(vocab_size=128, pad_token_id=0, eos_token_id=1, bos_token_id=2, initializer_range=0.1)
 COLUMNS = ["type", "cache", "attn", "stage", "status", "same_tokens", "parting_margin", "warning", "error", "seconds"]
 
