@@ -4,6 +4,7 @@ and the transformers integration's handling of cache layers that hold no K/V."""
 
 import copy
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -33,9 +34,31 @@ def _generate(model, ids, cache):
     return tokens[0], logits[0]
 
 
-def _follows(tokens, ref_tokens, ref_logits) -> bool:
+def _quantized_run(family, cache="dynamic", then=None) -> SimpleNamespace:
+    """``family``'s tiny model generating unquantized (``ref_tokens``, ``ref_logits``) and under
+    ``turboquant.compile(bits=8)`` (``model``, ``tokens``, ``logits``, turboquant's warnings ``said``), and
+    ``then(model, ids)``'s result as ``out``, called where the warnings are recorded."""
+    base = _model(family)
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    ref_tokens, ref_logits = _generate(base, ids, cache)
+    model = turboquant.compile(copy.deepcopy(base), bits=8)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tokens, logits = _generate(model, ids, cache)
+        with torch.no_grad():
+            out = then(model, ids) if then is not None else None
+    said = [str(m.message) for m in w if "turboquant" in str(m.message)]
+    return SimpleNamespace(ref_tokens=ref_tokens, ref_logits=ref_logits, model=model, tokens=tokens, logits=logits,
+                           said=said, out=out)
+
+
+def _forward(model, ids):
+    return model(ids, use_cache=True)
+
+
+def _follows(run) -> bool:
     """The same tokens, or the same up to a step where the reference was a near-tie."""
-    margin = parting_margin(tokens, ref_tokens, ref_logits)
+    margin = parting_margin(run.tokens, run.ref_tokens, run.ref_logits)
     return margin is None or margin < NEAR_TIE
 
 
@@ -50,21 +73,18 @@ def test_generate_8bit_follows_unquantized_with_every_layer_quantized(family, ca
         # 5.17's Doge builds its dynamic mask without the causal part in an eager prefill (a compiled one has it):
         # its unquantized reference attends to later tokens
         pytest.skip("transformers < 5.25: Doge's eager prefill is not causal")
-    base = _model(family)
-    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
-    ref_tokens, ref_logits = _generate(base, ids, cache)
-    model = turboquant.compile(copy.deepcopy(base), bits=8)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        tokens, logits = _generate(model, ids, cache)
-    assert _follows(tokens, ref_tokens, ref_logits)
-    err = float((logits[0] - ref_logits[0]).norm() / ref_logits[0].norm())
+    run = _quantized_run(family, cache)
+    assert _follows(run)
     # quantized (not bit-equal), and 8-bit close: these 2-layer random models amplify K/V noise (tiny Llama and
     # Mixtral: 0.6–1.3% per position at 8 bits); a wrong head or layout mapping is O(1)
-    assert 0 < err < 2e-2
-    rows = turboquant.report(model)
+    assert 0 < _logit_error(run) < 2e-2
+    rows = turboquant.report(run.model)
     assert len(rows) == 2 and all(r.status == "quantized" for r in rows), rows
-    assert not [m for m in w if "turboquant" in str(m.message)]
+    assert not run.said
+
+
+def _logit_error(run) -> float:
+    return float((run.logits[0] - run.ref_logits[0]).norm() / run.ref_logits[0].norm())
 
 
 @pytest.mark.parametrize("family, kv_layers", [("falcon_h1", [0, 1]), ("qwen3_next", [1]), ("deepseek_v3", [0, 1])])
@@ -73,20 +93,12 @@ def test_caches_of_other_shapes_store_quantized_kv_and_say_what_they_did(family,
     called for the states, ``conv_states=…``, which the K/V conversion passes through); Qwen3-Next's linear-attention
     layers hold states only (left alone); DeepSeek-V3 (MLA) caches its latents, single-head rows that its attention
     projects (reads decode them) and whose widths differ (no allocation ahead of the first call)."""
-    base = _model(family)
-    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
-    ref_tokens, ref_logits = _generate(base, ids, "dynamic")
-    model = turboquant.compile(copy.deepcopy(base), bits=8)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        tokens, _ = _generate(model, ids, "dynamic")
-        with torch.no_grad():
-            out = model(ids, use_cache=True)
-    assert _follows(tokens, ref_tokens, ref_logits)
-    layers = hf.output_cache(out).layers
+    run = _quantized_run(family, then=_forward)
+    assert _follows(run)
+    layers = hf.output_cache(run.out).layers
     assert [i for i, layer in enumerate(layers) if isinstance(getattr(layer, "keys", None), QuantizedCacheTensor)] \
         == kv_layers
-    said = " ".join(str(m.message) for m in w if "turboquant" in str(m.message))
+    said, model = " ".join(run.said), run.model
     # where no rewritten attention reads the cache (MLA's), the warning says it is quantized all the same; where the
     # prefill's graphs break around the cache but the steps' do not (Falcon-H1), there is nothing to warn about
     assert "runs unchanged" not in said
@@ -98,26 +110,17 @@ def test_layers_reading_another_layers_kv_attend_over_its_quantized_cache():
     ``lazy_initialization``, whose conversion failed with an AttributeError) and attend over the K/V of the last
     earlier layer of their kind. The producers hold codes, the sharers' layers are left alone, and all four
     attentions are rewritten to read the codes."""
-    base = _model("gemma3n")
-    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
-    ref_tokens, ref_logits = _generate(base, ids, "dynamic")
-    model = turboquant.compile(copy.deepcopy(base), bits=8)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        tokens, logits = _generate(model, ids, "dynamic")
-        with torch.no_grad():
-            out = model(ids, use_cache=True)
-    assert _follows(tokens, ref_tokens, ref_logits)
-    err = float((logits[0] - ref_logits[0]).norm() / ref_logits[0].norm())
-    assert 0 < err < 2e-2
-    layers = hf.output_cache(out).layers  # transformers 5.17 gives the sharers no cache layer at all
+    run = _quantized_run("gemma3n", then=_forward)
+    assert _follows(run)
+    assert 0 < _logit_error(run) < 2e-2
+    layers = hf.output_cache(run.out).layers  # transformers 5.17 gives the sharers no cache layer at all
     assert [isinstance(layer.keys, QuantizedCacheTensor) for layer in layers[:2]] == [True, True]
     assert [layer.keys for layer in layers[2:]] in ([None, None], [])
-    rows = turboquant.report(model)
+    rows = turboquant.report(run.model)
     assert len(rows) == 2 and all(r.status == "quantized" for r in rows), rows
     counters = dynamo_counters()["turboquant"]
     assert counters["layers_quantized"] == 4 * counters["graphs"]
-    assert not [m for m in w if "turboquant" in str(m.message)]
+    assert not run.said
 
 
 def test_a_cache_the_prefill_builds_is_quantized_at_the_first_step_without_a_warning():
@@ -125,19 +128,12 @@ def test_a_cache_the_prefill_builds_is_quantized_at_the_first_step_without_a_war
     does not hand it: its prefill builds the cache inside the forward, where nothing is swapped, and each step
     receives it as an input that the backend moves to quantized storage. After the prefill the warning said the
     model ran unchanged; it now waits for a second call."""
-    base = _model("minimax")
-    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
-    ref_tokens, ref_logits = _generate(base, ids, "dynamic")
-    model = turboquant.compile(copy.deepcopy(base), bits=8)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        tokens, _ = _generate(model, ids, "dynamic")
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
-    assert _follows(tokens, ref_tokens, ref_logits)
-    assert isinstance(hf.output_cache(out).layers[0].keys, QuantizedCacheTensor)
-    assert [(r.layer, r.status) for r in turboquant.report(model)] == [(0, "quantized")]
-    assert not [m for m in w if "turboquant" in str(m.message)]
+    run = _quantized_run("minimax", then=lambda model, ids: model.generate(
+        ids, max_new_tokens=2, do_sample=False, return_dict_in_generate=True))
+    assert _follows(run)
+    assert isinstance(hf.output_cache(run.out).layers[0].keys, QuantizedCacheTensor)
+    assert [(r.layer, r.status) for r in turboquant.report(run.model)] == [(0, "quantized")]
+    assert not run.said
 
 
 class _StatesLayer:
