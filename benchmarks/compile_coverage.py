@@ -131,10 +131,8 @@ def main(argv=None):
     p.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "compile_coverage.csv"))
     args = p.parse_args(argv)
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        tqdm = lambda it, **kw: it  # noqa: E731
+    from tqdm.auto import tqdm  # a dependency of the package
+
     cases = [(f, c, a, b) for f in args.families for c in args.caches for a in args.attns for b in args.batches]
     rows = []
     warnings.simplefilter("ignore")

@@ -119,10 +119,8 @@ def main(argv=None):
     p.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                  "compile_survey.csv"))
     args = p.parse_args(argv)
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        tqdm = lambda it, **kw: it  # noqa: E731
+    from tqdm.auto import tqdm  # a dependency of the package
+
     rows = [run_case(t, c, args.new_tokens) for t, c in tqdm([(t, c) for t in args.types for c in args.caches],
                                                              desc="survey", unit="case")]
     print(format_table(rows, COLUMNS))

@@ -84,12 +84,12 @@ class CompileState:
         """Warn (once) when the captured graphs held no cache turboquant rewrote. ``cache_quantized``: the call's
         transformers cache stores quantized K/V all the same (its writes and reads then go through
         :class:`~turboquant.cache.QuantizedCacheTensor`'s handlers), so the model does not run unchanged.
-        ``patient`` (a transformers model) or ``cache_quantized``: judged after a second call, since a prefill
-        may record nothing while the decode steps do: its graphs break around the cache (Falcon-H1), or it
-        builds the cache inside its forward, which the steps then receive as an input to swap (MiniMax)."""
+        ``patient`` (a transformers model, as any ``cache_quantized`` call is): judged after a second call, since a
+        prefill may record nothing while the decode steps do: its graphs break around the cache (Falcon-H1), or
+        it builds the cache inside its forward, which the steps then receive as an input to swap (MiniMax)."""
         if self.layers or self.warned_no_cache:
             return
-        if cache_quantized or patient:
+        if patient:
             self.calls_without_layers += 1
             if self.calls_without_layers < 2:
                 return

@@ -113,11 +113,10 @@ def _initial_shape(model) -> Optional[tuple]:
     if shape_of is None:
         return kv_shape(model)
     shape = shape_of()
-    heads = kv_shape(model)[0]
+    if shape is None or not isinstance(shape[0], int):
+        return shape
     # transformers 5.17 reads num_key_value_heads, which its multi-query configs lack: Falcon got 4 heads for 1
-    if shape is not None and isinstance(shape[0], int) and heads < shape[0]:
-        return heads, shape[1]
-    return shape
+    return min(kv_shape(model)[0], shape[0]), shape[1]
 
 
 def call_batch_size(args, kwargs) -> int:
