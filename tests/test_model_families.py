@@ -34,12 +34,12 @@ def _generate(model, ids, cache):
     return tokens[0], logits[0]
 
 
-def _quantized_run(family, cache="dynamic", then=None) -> SimpleNamespace:
-    """``family``'s tiny model generating unquantized (``ref_tokens``, ``ref_logits``) and under
+def _quantized_run(family, cache="dynamic", then=None, device="cpu") -> SimpleNamespace:
+    """``family``'s tiny model on ``device`` generating unquantized (``ref_tokens``, ``ref_logits``) and under
     ``turboquant.compile(bits=8)`` (``model``, ``tokens``, ``logits``, turboquant's warnings ``said``), and
     ``then(model, ids)``'s result as ``out``, called where the warnings are recorded."""
-    base = _model(family)
-    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    base = _model(family).to(device)
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1)).to(device)
     ref_tokens, ref_logits = _generate(base, ids, cache)
     model = turboquant.compile(copy.deepcopy(base), bits=8)
     with warnings.catch_warnings(record=True) as w:
@@ -68,12 +68,14 @@ def _follows(run) -> bool:
     # GPT-Neo's static cache is left out: transformers (5.25) slices its causal/local band at the static length,
     # and its unquantized tokens already differ from the dynamic cache's (logits 70-110% apart)
     ("gpt_neo", "dynamic")])
-def test_generate_8bit_follows_unquantized_with_every_layer_quantized(family, cache):
+# on CUDA the steps' attention is the split Triton kernel, and GPT-Neo hands it a float32 `where`-folded mask
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_generate_8bit_follows_unquantized_with_every_layer_quantized(family, cache, device):
     if family == "doge" and tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 25):
         # 5.17's Doge builds its dynamic mask without the causal part in an eager prefill (a compiled one has it):
         # its unquantized reference attends to later tokens
         pytest.skip("transformers < 5.25: Doge's eager prefill is not causal")
-    run = _quantized_run(family, cache)
+    run = _quantized_run(family, cache, device=device)
     assert _follows(run)
     # quantized (not bit-equal), and 8-bit close: these 2-layer random models amplify K/V noise (tiny Llama and
     # Mixtral: 0.6–1.3% per position at 8 bits); a wrong head or layout mapping is O(1)
