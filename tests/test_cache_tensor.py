@@ -3,6 +3,7 @@
 import contextlib
 import math
 import re
+import types
 
 import pytest
 import torch
@@ -234,6 +235,44 @@ def test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit(bit
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     codes, meta = _expected_rows(x.cpu(), KVQuantConfig(bits=bits))
     assert torch.equal(want[0], codes) and torch.equal(_flat_meta(want[1], spec), meta)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_cpu_writes_keep_the_fp16_round_trip_where_inductor_cached_it_away(monkeypatch):
+    """torch < 2.13's C++ codegen, simulated on this torch: every float32 -> fp16 cast put its reverse in the
+    kernel's CSE cache, flag or not (2.13 skips it under ``emulate_precision_casts``), so the scale's round trip
+    gave back the unrounded value and the round-up was lost. That codegen writes codes and metadata off the eager
+    encoding (as torch 2.11 did on the device's CPU); with turboquant's backport it writes them bit for bit."""
+    import turboquant.compat as compat
+    from torch._inductor.codegen import cpp
+
+    from turboquant.cache import _encode_rows
+
+    class Before213(types.ModuleType):
+        def __getattr__(self, name):  # what 2.11's cast sees: no flag
+            return False if name == "emulate_precision_casts" else getattr(torch._inductor.config, name)
+
+    cache = cpp.CppKernel.cache_dtype_convert
+    monkeypatch.setattr(cpp, "config", Before213("config"))
+    # the codegen's own cache (on torch < 2.13 the backport may be in already), restored after
+    monkeypatch.setattr(cpp.CppKernel, "cache_dtype_convert", getattr(cache, "__wrapped__", cache))
+    x = torch.randn(2, 2, 37, 64, generator=torch.Generator().manual_seed(5)) * 3
+    spec = KVQuantConfig(bits=4).spec("k")
+    want = _encode_rows(x, spec)
+
+    def compiled_write():
+        torch._dynamo.reset()
+        with exact_casts(), torch._inductor.config.patch(fx_graph_cache=False):
+            got = torch.compile(lambda t: _encode_rows(t, spec), fullgraph=True)(x)
+        return torch.equal(got[0], want[0]), torch.equal(got[1], want[1])
+
+    with monkeypatch.context() as m:
+        m.setattr(compat, "_cpp_casts_round_under_emulation", lambda: None)
+        assert compiled_write() == (False, False)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "2.11.0")
+        compat._cpp_casts_round_under_emulation()
+    assert compiled_write() == (True, True)
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

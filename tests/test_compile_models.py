@@ -909,13 +909,36 @@ def test_cpu_graphs_compile_without_indirect_indexing_asserts_before_torch_2_13(
     asserts; a graph on another device, or on 2.13, keeps them."""
     import turboquant.compat as compat
     from torch._inductor import compile_fx
+    from torch._inductor.codegen.cpp import CppKernel
 
     monkeypatch.setattr(torch, "__version__", version)
+    monkeypatch.setattr(CppKernel, "cache_dtype_convert", CppKernel.cache_dtype_convert)  # restored after
     seen = []
     monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, config_patches: seen.append(config_patches))
     compat.inductor_compile(None, [torch.zeros(2), 3])
     compat.inductor_compile(None, [torch.zeros(2), torch.empty(2, device="meta")])
     assert [p.get("assert_indirect_indexing", True) for p in seen] == [not off, True]
+
+
+@pytest.mark.parametrize("version, backported", [("2.11.0", True), ("2.12.1", True), ("2.13.0", False)])
+def test_cpp_casts_round_under_emulated_precision_before_torch_2_13(monkeypatch, version, backported):
+    """Before 2.13 the C++ codegen cached a float32 -> fp16 cast's reverse, so a round trip gave back the unrounded
+    value even under ``emulate_precision_casts`` (torch 2.11, compiled CPU writes: affine codes of whole rows a step
+    off the eager encoding's, ``test_compiled_affine_quantize_on_write_is_the_eager_encoding_bit_for_bit``). Under
+    turboquant's numerics the cache is skipped, as 2.13 skips it; without the flag it is kept, and one backport is
+    installed however often the numerics are asked for."""
+    import turboquant.compat as compat
+    from torch._inductor.codegen.cpp import CppKernel
+
+    monkeypatch.setattr(torch, "__version__", version)
+    cached = []
+    monkeypatch.setattr(CppKernel, "cache_dtype_convert", lambda self, *args: cached.append(args))
+    for _ in range(2):
+        with compat.exact_casts():
+            CppKernel.cache_dtype_convert(None, "under the flag")
+    with torch._inductor.config.patch(emulate_precision_casts=False):
+        CppKernel.cache_dtype_convert(None, "without it")
+    assert cached == ([("without it",)] if backported else [("under the flag",)] * 2 + [("without it",)])
 
 
 def _hf_decode_step_kernels(model, quantized: Optional[turboquant.KVQuantConfig]) -> list:

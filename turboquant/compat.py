@@ -42,6 +42,7 @@ def _eager_numerics() -> dict:
     # keep the fp16 round trip of scales/zeros: without it compiled codes differ from the oracle's
     # by one step where a value sits on a rounding boundary (seen on torch 2.11)
     patches = {"emulate_precision_casts": True}
+    _cpp_casts_round_under_emulation()
     # Triton's fp32 x / y is div.full (approximate): a value on a rounding boundary then takes
     # the other code; eager divides correctly rounded (div_rn)
     config = torch._inductor.config
@@ -50,6 +51,30 @@ def _eager_numerics() -> dict:
     elif hasattr(config, "emulate_divison_rounding"):  # older spelling
         patches["emulate_divison_rounding"] = True
     return patches
+
+
+def _cpp_casts_round_under_emulation() -> None:
+    """torch < 2.13: the C++ codegen rounds a float32 -> fp16/bf16 -> float32 round trip under
+    ``emulate_precision_casts``, as 2.13 does (pytorch#185337). Before 2.13 every such cast put the reverse
+    conversion in the kernel's CSE cache, so the round trip gave back the unrounded float32 value even with the
+    flag set: compiled CPU scales skipped their fp16 rounding (and ``to_metadata``'s round-up), and codes came out a
+    step off the eager encoding's (seen on torch 2.11: affine codes of whole rows off by one). Graphs compiled
+    without the flag keep the cache."""
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13):
+        return
+    from torch._inductor.codegen.cpp import CppKernel
+
+    cache = CppKernel.cache_dtype_convert
+    if getattr(cache, "turboquant_backport", False):
+        return
+
+    @functools.wraps(cache)
+    def cache_dtype_convert(self, *args, **kwargs):
+        if not torch._inductor.config.emulate_precision_casts:
+            cache(self, *args, **kwargs)
+
+    cache_dtype_convert.turboquant_backport = True
+    CppKernel.cache_dtype_convert = cache_dtype_convert
 
 
 def _cpp_bounds_asserts(example_inputs) -> dict:
@@ -423,11 +448,11 @@ def custom_graph_pass_base():
     return CustomGraphPass
 
 
-def source_hash(path: str) -> bytes:
-    """A hash of a source file, as Inductor keys custom passes."""
+def source_hash(*paths: str) -> bytes:
+    """A hash of source files, as Inductor keys custom passes."""
     from torch._inductor.custom_graph_pass import get_hash_for_files
 
-    return get_hash_for_files((path,))
+    return get_hash_for_files(paths)
 
 
 def wrap_aot_subclass_unwrap(wrap):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .. import compat
 from ..compat import custom_graph_pass_base, dynamo_counters, source_hash
 
 __all__ = ["FoldConstantCopies"]
@@ -54,4 +55,6 @@ class FoldConstantCopies(custom_graph_pass_base()):
                 dynamo_counters()["turboquant"]["constant_copies_folded"] += 1
 
     def uuid(self) -> bytes:
-        return source_hash(__file__)
+        # with compat's: its patches change the code Inductor generates (torch < 2.13's C++ casts) and not the
+        # config Inductor's graph cache keys, so a graph cached before a change there must not be reused
+        return source_hash(__file__, compat.__file__)
