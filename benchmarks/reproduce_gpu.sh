@@ -12,6 +12,10 @@
 #                                                   # loaded by plane or by row, 2-bit turbo codes as fields or
 #                                                   # looked up (~6 min)
 #   bash benchmarks/reproduce_gpu.sh ceiling [OUT]  # the split kernel's access pattern with nothing computed, 32K (~1 min)
+#   bash benchmarks/reproduce_gpu.sh widths [OUT]   # issue 4's open widths at 32K (affine 4 / 3-bit): more programs
+#                                                   # per SM, stages, 64-key blocks against the defaults (~2 min)
+#   bash benchmarks/reproduce_gpu.sh cpu [OUT]      # the CPU suite with the GPU hidden (this machine's torch on its
+#                                                   # CPU: torch 2.11 on the GPU machine), each test's result named
 #
 # STEP_SETTINGS="turbo-3 turbo-4" narrows the step and launches parts to those settings (each against bf16).
 #
@@ -19,11 +23,11 @@
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles|ceiling [OUT]}
+part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles|ceiling|widths|cpu [OUT]}
 out=${2:-benchmarks/results/gpu_run}
 if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests && "$part" != tiles \
-      && "$part" != ceiling ]]; then
-  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles, ceiling" >&2
+      && "$part" != ceiling && "$part" != widths && "$part" != cpu ]]; then
+  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles, ceiling, widths, cpu" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
@@ -87,6 +91,20 @@ case "$part" in
   ceiling)
     python benchmarks/decode_stream_ceiling.py --out "$out" > "$out/stream_ceiling.log" 2>&1
     grep -E '^\|' "$out/stream_ceiling.log" | cut -d'|' -f3,4,10,12,13
+    ;;
+  widths)
+    # on the H200 affine 4-bit took 76.1-76.6 us at 32K where 3.2x cuDNN asks <= 76.2, and 3-bit 90 where 4.0x asks
+    # ~61 (47th session); none of these variants has run there with today's kernel
+    python benchmarks/decode_attention.py --contexts 32768 --methods affine --bits 4 3 --no-write-path \
+      --variants p12:programs_per_sm=12 s3:num_stages=3 s4:num_stages=4 b64:block_n=64,num_stages=3 \
+      --out "$out/widths" > "$out/widths.log" 2>&1
+    grep -E '^\|' "$out/widths.log"
+    ;;
+  cpu)
+    CUDA_VISIBLE_DEVICES= python -m pytest tests -m "not gpu" -n 12 -v --tb=short -p no:cacheprovider \
+      > "$out/cpu_suite.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$out/cpu_suite.log"
+    tail -1 "$out/cpu_suite.log"
     ;;
   tests)
     python -m pytest tests -m gpu -q -n 8 --ignore=tests/test_decode_kernel.py > "$out/gpu_tests.log" 2>&1
