@@ -252,7 +252,9 @@ def test_compiled_cpu_writes_keep_the_fp16_round_trip_where_inductor_cached_it_a
         def __getattr__(self, name):  # what 2.11's cast sees: no flag
             return False if name == "emulate_precision_casts" else getattr(torch._inductor.config, name)
 
-    cache = cpp.CppKernel.cache_dtype_convert
+    cache = getattr(cpp.CppKernel, "cache_dtype_convert", None)
+    if cache is None:
+        pytest.skip("this torch's C++ codegen has no cast cache (CppKernel.cache_dtype_convert)")
     monkeypatch.setattr(cpp, "config", Before213("config"))
     # the codegen's own cache (on torch < 2.13 the backport may be in already), restored after
     monkeypatch.setattr(cpp.CppKernel, "cache_dtype_convert", getattr(cache, "__wrapped__", cache))
@@ -268,7 +270,8 @@ def test_compiled_cpu_writes_keep_the_fp16_round_trip_where_inductor_cached_it_a
 
     with monkeypatch.context() as m:
         m.setattr(compat, "_cpp_casts_round_under_emulation", lambda: None)
-        assert compiled_write() == (False, False)
+        if compiled_write() != (False, False):
+            pytest.skip("this torch's C++ codegen does not cache casts as 2.11-2.13's does: nothing to simulate")
     with monkeypatch.context() as m:
         m.setattr(torch, "__version__", "2.11.0")
         compat._cpp_casts_round_under_emulation()
