@@ -23,11 +23,13 @@
 # checkout without installing it (PYTHONPATH is the checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: reproduce_gpu.sh kernel|step|launches|tests|tiles|ceiling|widths|cpu [OUT]}
+parts=(kernel step launches tests tiles ceiling widths cpu)  # the case below has one branch each
+part=${1:?usage: reproduce_gpu.sh $(IFS='|'; echo "${parts[*]}") [OUT]}
 out=${2:-benchmarks/results/gpu_run}
-if [[ "$part" != kernel && "$part" != step && "$part" != launches && "$part" != tests && "$part" != tiles \
-      && "$part" != ceiling && "$part" != widths && "$part" != cpu ]]; then
-  echo "unknown part '$part'; allowed: kernel, step, launches, tests, tiles, ceiling, widths, cpu" >&2
+known=0
+for p in "${parts[@]}"; do [[ "$p" == "$part" ]] && known=1; done
+if (( ! known )); then
+  echo "unknown part '$part'; allowed: ${parts[*]}" >&2
   exit 2
 fi
 if ! command -v nvidia-smi > /dev/null; then
