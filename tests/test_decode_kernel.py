@@ -454,8 +454,8 @@ def test_shuffle_lookups_give_the_fp16_centroids(bits, D):
 @pytest.mark.parametrize("bits, D", [(b, D) for b in (3, 4, 8) for D in (64, 80, 128, 256) if not row_grid(D, b)])
 def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
     """The PTX of the level polynomial (GPU only) against the table: every code of every plane becomes the
-    fp16 bits of its level, whatever the bits beside its field. 4/8-bit: two int16 row words; 3-bit: four
-    bytes of each of the three byte planes."""
+    fp16 bits of its level, whatever the bits beside its field. 4/8-bit: two int16 row words; 3-bit: the lanes
+    ``_field3_spread`` makes from four bytes of each of the three byte planes."""
     from turboquant.templates import decode_attention as da
 
     spec = KVQuantConfig(method="turbo", bits=bits).spec("k")
@@ -473,10 +473,8 @@ def test_polynomial_levels_ptx_gives_the_fp16_levels(bits, D):
             words = (words & ~(7 << 3 * s)) | codes << 3 * s  # the 24-bit word of dims 8t … 8t + 7
             planes = [[sum(((w >> 8 * p) & 0xFF) << 8 * k for k, w in enumerate(row)) for row in words.tolist()]
                       for p in range(3)]
-            lo = (3 * s) // 8
             for r in range(8):
-                regs = [planes[lo][r]] + ([planes[lo + 1][r]] if co._field3_shift.fn(s) > 5 else [])
-                out = _run_ptx(asm, regs)
+                out = [_run_ptx(asm, [lanes], first_input=1)[0] for lanes in _spread3([p[r] for p in planes], s)]
                 got = [o >> (16 * h) & 0xFFFF for o in out for h in range(2)]
                 assert got == [table[c] for c in codes[r].tolist()], (s, codes[r])
         else:
@@ -635,9 +633,17 @@ def test_block_sums_default_to_long_affine_splits_without_row_groups():
     assert _plan_options(KVQuantConfig(method="affine", bits=4), 4096, num_splits=1, num_warps=1)[1]["BLOCK_SUMS"]
 
 
+def _spread3(regs: list, s: int) -> list:
+    """The two registers of 16-bit lanes that ``_field3_spread``'s PTX makes for 3-bit plane ``s`` from the three
+    byte planes' registers (four bytes each): planes 0-2 from byte planes 0 and 1, 3-5 from 1 and 2, 6-7 from 2."""
+    lo = (3 * s) // 8
+    return _run_ptx(co._spread3_asm.fn(), [regs[lo], regs[min(lo + 1, 2)]])
+
+
 def test_3bit_lane_permutes_put_each_code_in_place():
     """The PTX of the 3-bit planes (GPU only) against the layout: lane k of plane s holds
-    ``code · 2^(3s mod 8)``, the code of dim ``8t + s`` of word k (bytes ``b0 | b1 << 8 | b2 << 16``)."""
+    ``code · 2^(3s mod 8)``, the code of dim ``8t + s`` of word k (bytes ``b0 | b1 << 8 | b2 << 16``), from the
+    lanes the planes share (``_field3_spread``) masked to the field."""
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -645,9 +651,8 @@ def test_3bit_lane_permutes_put_each_code_in_place():
         regs = [sum(b << (8 * k) for k, b in enumerate(plane)) for plane in planes]
         for s in range(8):
             shift = (3 * s) % 8
-            lo = (3 * s) // 8
-            asm = (co._pair3_asm.fn(7 << shift) if shift > 5 else co._byte3_asm.fn(7 << shift))
-            out = _run_ptx(asm, regs[lo:lo + 2] if shift > 5 else regs[lo:lo + 1])
+            asm = co._lane_mask_asm.fn(7 << shift)
+            out = [_run_ptx(asm, [r], first_input=1)[0] for r in _spread3(regs, s)]
             lanes = [out[k // 2] >> (16 * (k % 2)) & 0xFFFF for k in range(4)]
             words = [planes[0][k] | planes[1][k] << 8 | planes[2][k] << 16 for k in range(4)]
             assert lanes == [((w >> (3 * s)) & 7) << shift for w in words], s

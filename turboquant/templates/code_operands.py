@@ -214,48 +214,53 @@ def _byte_lanes_asm(lane0, lane1, src, high):
 @triton.constexpr_function
 def _straddle_lanes_asm(lane0, lane1):
     """PTX that makes four 16-bit lanes ``byte of $2 | byte of $3 << 8`` (``lane0``: bytes 0 and 1, ``lane1``:
-    bytes 2 and 3): a byte plane's fields with the next plane's bits above them, for fields that straddle."""
+    bytes 2 and 3): a byte plane's fields with the next plane's bits above them."""
     return f"prmt.b32 {lane0}, $2, $3, 0x5140; prmt.b32 {lane1}, $2, $3, 0x7362; "
 
 
 @triton.constexpr_function
-def _byte3_asm(mask):
-    """Four bytes' fields masked in place, then spread into the low bytes of four 16-bit lanes."""
-    m = int(mask) * 0x01010101
-    return "{ .reg .b32 t; and.b32 t, $2, " + f"{m:#010x}; " + _byte_lanes_asm("$0", "$1", "t", "0") + "}"
+def _spread3_asm():
+    """:func:`_straddle_lanes_asm` as a whole inline asm: four codes' lanes, one permute per two."""
+    return "{ " + _straddle_lanes_asm("$0", "$1") + "}"
 
 
 @triton.constexpr_function
-def _pair3_asm(mask):
-    """Four lanes ``low byte | next plane's byte << 8`` (one permute per two), masked in place."""
-    m = int(mask) * 0x00010001
-    return ("{ " + _straddle_lanes_asm("$0", "$1") + f"and.b32 $0, $0, {m:#010x}; and.b32 $1, $1, {m:#010x}; "
-            + "}")
+def _lane_mask_asm(mask):
+    """``and`` with ``mask`` in both 16-bit lanes of a register."""
+    return f"and.b32 $0, $1, {int(mask) * 0x00010001:#010x};"
+
+
+@triton.jit
+def _field3_spread(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
+    """3-bit plane ``S``'s unmasked int16 lanes: the byte plane that holds its fields' low bits, with the next one
+    above it (:func:`_field3_bytes`). Planes 0–2 read the same lanes (byte planes 0 and 1), planes 3–5 the same
+    (1 and 2), planes 6 and 7 the same (2 and 2): the compiler makes each once a block, pure inline asm of the
+    same operands."""
+    lo, hi = _field3_bytes(b0, b1, b2, S)
+    if USE_ASM:
+        SPREAD: tl.constexpr = _spread3_asm()
+        lanes = tl.inline_asm_elementwise(SPREAD, "=r,=r,r,r", [lo, hi], dtype=tl.int16, is_pure=True, pack=4)
+    else:  # int32 lanes under the interpreter (no sign to carry through the mask)
+        lanes = lo.to(tl.int32) | (hi.to(tl.int32) << 8)
+    return lanes
 
 
 @triton.jit
 def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
-    """3-bit plane ``S``'s fields in place in int16 lanes (``code << _field3_shift(S)``): the lane is a
-    byte of the plane that holds the field's low bits, with the next byte plane above it, masked to
-    the field; a field inside one byte needs no high byte (planes 2 and 5 straddle two). Four codes
-    cost an AND and two permutes (two permutes and two ANDs for a straddling plane) on byte-packed
-    registers, where Triton's unpacking of each byte took three instructions per two codes."""
-    SHIFT: tl.constexpr = _field3_shift(S)
-    MASK: tl.constexpr = 7 << SHIFT
-    STRADDLES: tl.constexpr = SHIFT > 5
-    lo, hi = _field3_bytes(b0, b1, b2, S)
+    """3-bit plane ``S``'s fields in place in int16 lanes (``code << _field3_shift(S)``): the lanes of
+    :func:`_field3_spread` masked to the field (planes 2 and 5 straddle two bytes, the others lie in the low
+    one). With the spreads shared by the planes, 32 codes (four of each plane) cost 6 permutes and 16 ANDs; each
+    plane spreading its own bytes (the low byte masked first, four codes an AND) had cost 26, and Triton's
+    unpacking of each byte three instructions per two codes. sm_90 SASS of the loop at 32K, warp instructions per
+    key, own spreads → shared (``benchmarks/decode_sass.py affine 3``): head_dim 128 18.48 → 17.42, 64 18.73 →
+    17.67, 96 19.92 → 18.83, 256 35.67 → 32.97 (88 → 56 bytes spilled); 4K 23.11 → 21.94."""
+    MASK: tl.constexpr = 7 << _field3_shift(S)
+    lanes = _field3_spread(b0, b1, b2, S, USE_ASM)
     if USE_ASM:
-        if STRADDLES:
-            ASM2: tl.constexpr = _pair3_asm(MASK)
-            lanes = tl.inline_asm_elementwise(ASM2, "=r,=r,r,r", [lo, hi], dtype=tl.int16, is_pure=True, pack=4)
-        else:
-            ASM1: tl.constexpr = _byte3_asm(MASK)
-            lanes = tl.inline_asm_elementwise(ASM1, "=r,=r,r", [lo], dtype=tl.int16, is_pure=True, pack=4)
+        AND: tl.constexpr = _lane_mask_asm(MASK)
+        lanes = tl.inline_asm_elementwise(AND, "=r,r", [lanes], dtype=tl.int16, is_pure=True, pack=2)
     else:
-        lane = lo.to(tl.int32)
-        if STRADDLES:
-            lane = lane | (hi.to(tl.int32) << 8)
-        lanes = (lane & MASK).to(tl.int16)
+        lanes = (lanes & MASK).to(tl.int16)
     return lanes
 
 
@@ -272,6 +277,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
         CODE_ASM: tl.constexpr = _code_level_asm(BITS, LUT, S)
         if BITS != 3:
             vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
+        elif _lut_kind(LUT) == "poly":  # two codes an asm, from the lanes the planes share
+            lanes = _field3_spread(b0, b1, b2, S, USE_ASM)
+            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [lanes], dtype=tl.float16, is_pure=True, pack=2)
         elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
             lo, hi = _field3_bytes(b0, b1, b2, S)
             vals = tl.inline_asm_elementwise(CODE_ASM, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
@@ -293,8 +301,9 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
 
 @triton.constexpr_function
 def _code_level_asm(bits, lut, s):
-    """The PTX that makes plane ``s``'s codes their levels for a ``"shfl"`` or ``"poly"`` lookup: the same
-    operands and results (:func:`_shuffle_lut_asm`, :func:`_polynomial_asm`)."""
+    """The PTX that makes plane ``s``'s codes their levels for a ``"shfl"`` or ``"poly"`` lookup
+    (:func:`_shuffle_lut_asm`, :func:`_polynomial_asm`): the same operands and results but at 3 bits, where the
+    shuffles read the byte planes and the polynomial the lanes of :func:`_field3_spread`."""
     return _shuffle_lut_asm(bits, lut, s) if _lut_kind(lut) == "shfl" else _polynomial_asm(bits, lut, s)
 
 
@@ -398,17 +407,19 @@ def _shuffle_lut_asm(bits, lut, s):
 def _polynomial_asm(bits, lut, s):
     """PTX for turbo codes to their fp16 levels computed from the code
     (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`). 4/8-bit (pack 2): ``$1`` two int16 row words, plane
-    ``s``'s code at bit ``bits · s`` of each; ``$0`` their two levels. 3-bit (pack 4): ``$2`` four bytes of the
-    byte plane that holds plane ``s``'s low bits, the field at bit ``3s mod 8``; where it straddles into the next
-    byte plane, ``$3`` that plane's four bytes; ``$0``, ``$1`` the four levels.
+    ``s``'s code at bit ``bits · s`` of each; ``$0`` their two levels. 3-bit (pack 2): ``$1`` two lanes of
+    :func:`_field3_spread` (the byte plane that holds plane ``s``'s low bits, the next one above it), the field at
+    bit ``3s mod 8``; ``$0`` their two levels.
 
     Each code ``k`` becomes the fp16 number ``x = 1024 + 2^(a−1)·(2k + 1)``: the code in the mantissa at bit
     ``a ≥ 1``, the half bit below it, the exponent of 1024 above. 8-bit: a permute (byte ``s`` to the low byte of
     each half) and ``x·2 + 0x6401``. 4-bit: a shift puts two planes' fields at bits 1 and 5 (``shl 1`` for
     planes 0 and 1, ``shr 7`` for 2 and 3: ptxas shares each between two planes), then one ``lop3`` keeps the
-    field and sets the rest. 3-bit: one ``lop3`` (``mad`` and an AND at bit 0) on four bytes, and a permute per
-    two codes that puts them in 16-bit lanes under the exponent's byte (two permutes, then a ``lop3`` each,
-    for a field that straddles two bytes). Then ``u = x·2^(1−a−bits) − (2^(11−a−bits) + 1) = (2k + 1)/2^bits −
+    field and sets the rest. 3-bit: one ``lop3`` per two codes (an AND and a ``mad`` at bit 0) on the lanes that
+    the planes share (three spreads, a permute per two codes each, for eight planes; a spread of each plane's own
+    bytes cost 27 instructions per 32 codes against 24: sm_90 SASS of turbo 3-bit's loop at 32K, see
+    ``benchmarks/RESULTS.md``, fifty-fifth session).
+    Then ``u = x·2^(1−a−bits) − (2^(11−a−bits) + 1) = (2k + 1)/2^bits −
     1`` (exact: both constants are fp16 numbers, and so is the result), ``y = u·u + k0``, Horner's rule in ``y``
     from ``y`` itself (one ``fma`` a further number), times ``u``: 3 fp16x2 operations per two codes at 3/4 bits,
     5 at 8 (:func:`~turboquant.quant.turbo.level_polynomial`'s depressed monic form; Horner's rule on the free
@@ -426,21 +437,14 @@ def _polynomial_asm(bits, lut, s):
         at = 1
         sel = 0x4040 | (2 + s) << 8 | s  # byte s of each word to the low byte of its half, zero above
         asm += f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; "
-    elif bits == 3:
+    elif bits == 3:  # two lanes of _field3_spread: the field and its half bit kept, the exponent's byte set
         pos = _field3_shift(s)
         at = max(pos, 1)
         mask, magic = 7 << pos, 0x6400 | 1 << (at - 1)
-        srcs, outs = ["x", "y"], ["$0", "$1"]
-        if pos > 5:  # 16-bit lanes: the byte, the next plane's byte above it
-            asm += (_straddle_lanes_asm("x", "y") + f"mov.b32 k, {magic * 0x10001:#010x}; "
-                    f"lop3.b32 x, x, {mask * 0x10001:#010x}, k, 0xEA; lop3.b32 y, y, {mask * 0x10001:#010x}, k, 0xEA; ")
-        else:  # fields and half bits in four bytes, then each byte under the exponent's
-            if pos == 0:
-                asm += "and.b32 t, $2, 0x07070707; mad.lo.u32 t, t, 2, 0x01010101; "
-            else:
-                asm += (f"mov.b32 k, {(magic & 0xFF) * 0x01010101:#010x}; "
-                        f"lop3.b32 t, $2, {mask * 0x01010101:#010x}, k, 0xEA; ")
-            asm += "mov.b32 e, 0x64646464; " + _byte_lanes_asm("x", "y", "t", "e")
+        if pos == 0:
+            asm += f"and.b32 x, $1, {mask * 0x10001:#010x}; mad.lo.u32 x, x, 2, {magic * 0x10001:#010x}; "
+        else:
+            asm += f"mov.b32 k, {magic * 0x10001:#010x}; lop3.b32 x, $1, {mask * 0x10001:#010x}, k, 0xEA; "
     else:
         per_shift = (9 - bits) // bits + 1  # fields that fit at bits 1, 1 + bits, … of the mantissa (0–9)
         at = 1 + bits * (s % per_shift)
