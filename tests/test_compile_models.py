@@ -920,6 +920,80 @@ def test_cpu_graphs_compile_without_indirect_indexing_asserts_before_torch_2_13(
     assert [p.get("assert_indirect_indexing", True) for p in seen] == [not off, True]
 
 
+@pytest.mark.parametrize("version, off", [("2.11.0", True), ("2.13.0", False)])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_dense_baseline_compiles_under_the_same_asserts_rule(monkeypatch, version, off, device):
+    """``compiled_baseline`` (the dense model ``tq demo`` and ``tq bench`` compare against) runs its calls under
+    ``compat.dense_compile_context``: on a CPU before torch 2.13 without the indirect-indexing asserts, as
+    turboquant's own CPU graphs; elsewhere Inductor's settings as they are."""
+    import turboquant.compat as compat
+
+    monkeypatch.setattr(torch, "__version__", version)
+    with compat.dense_compile_context(device):
+        inside = torch._inductor.config.assert_indirect_indexing
+    assert inside is (not (off and device == "cpu"))
+    assert torch._inductor.config.assert_indirect_indexing
+
+
+def _bounds_asserts_in_loads(kernel_class, monkeypatch):
+    """torch < 2.13's ``CppKernel.check_bounds``, simulated on this torch: a direct index's bounds assert always goes
+    to the kernel's loads, even where the index is a vector its compute section declares further down (2.13 asks
+    the CSE cache first and then asserts in compute: pytorch#180212). The first ``try_get`` of the check is that
+    question; answered "not cached", this torch's method takes 2.11's path."""
+    check = kernel_class.check_bounds
+
+    def check_bounds(self, expr, size, lower, upper):
+        asked = []
+
+        def first_misses(key):
+            if not asked:
+                asked.append(key)
+                return None
+            return type(self.cse).try_get(self.cse, key)
+
+        self.cse.try_get = first_misses
+        try:
+            return check(self, expr, size, lower, upper)
+        finally:
+            del self.cse.try_get
+
+    monkeypatch.setattr(kernel_class, "check_bounds", check_bounds)
+
+
+def test_the_dense_baseline_builds_where_torch_2_11_put_a_bounds_assert_before_its_index(monkeypatch):
+    """The pattern of transformers 5.17's attention mask under a growing cache (dynamic shapes: an arange over the
+    KV positions, compared with the query's position and used to read the padding mask) with torch 2.11's C++
+    bounds asserts (simulated): plain ``torch.compile`` cannot build it (as ``tq bench --cache dynamic`` failed
+    on the device's CPU), and under ``dense_compile_context`` on a 2.11 it builds and is right."""
+    import turboquant.compat as compat
+    from torch._inductor.codegen.cpp import CppKernel
+
+    def mask(past, attention_mask):
+        kv = torch.arange(past.shape[1] + 1)
+        return (kv <= past.shape[1]) & attention_mask[0, kv].bool()
+
+    past, attention_mask = torch.zeros(1, 20), torch.ones(1, 21, dtype=torch.int64)
+    attention_mask[0, 3] = 0
+    want = mask(past, attention_mask)
+    _bounds_asserts_in_loads(CppKernel, monkeypatch)
+
+    def compiled():
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            return torch.compile(mask, dynamic=True)(past, attention_mask)
+
+    try:
+        compiled()
+    except Exception as e:  # Inductor's CppCompileError
+        assert "C++ compile error" in str(e), e
+    else:
+        pytest.skip("this torch's C++ codegen builds the pattern with the assert in its loads: nothing to simulate")
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    with compat.dense_compile_context("cpu"):
+        got = compiled()
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("version, backported", [("2.11.0", True), ("2.12.1", True), ("2.13.0", False)])
 def test_cpp_casts_round_under_emulated_precision_before_torch_2_13(monkeypatch, version, backported):
     """Before 2.13 the C++ codegen cached a float32 -> fp16 cast's reverse, so a round trip gave back the unrounded

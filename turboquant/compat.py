@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -10,7 +11,7 @@ __all__ = ["inductor_compile", "exact_casts", "dynamo_counters", "run_and_get_co
            "real_tolist", "real_tensor_mode", "mark_static_address", "triton_wrapper_code_on_cpu", "triton_schedule_runs_on_cpu",
            "schedules_with_triton",
            "current_raw_stream", "custom_graph_pass_base", "source_hash", "wrap_aot_subclass_unwrap",
-           "call_directly_from_inductor"]
+           "call_directly_from_inductor", "dense_compile_context"]
 
 
 def dynamo_counters():
@@ -31,7 +32,7 @@ def inductor_compile(gm, example_inputs, mode=None, post_grad_pass=None):
         patches = dict(torch._inductor.list_mode_options(mode))
     patches.update(_eager_numerics())
     patches.update(_inlining())
-    patches.update(_cpp_bounds_asserts(example_inputs))
+    patches.update(_cpp_bounds_asserts({t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}))
     if post_grad_pass is not None and torch._inductor.config.post_grad_custom_pre_pass is None:
         patches["post_grad_custom_pre_pass"] = post_grad_pass
     return compile_fx(gm, example_inputs, config_patches=patches)
@@ -77,18 +78,27 @@ def _cpp_casts_round_under_emulation() -> None:
     CppKernel.cache_dtype_convert = cache_dtype_convert
 
 
-def _cpp_bounds_asserts(example_inputs) -> dict:
+def _cpp_bounds_asserts(devices) -> dict:
     """Inductor's indirect-indexing bounds asserts turned off for a CPU graph on torch < 2.13. Before 2.13 the
     C++ codegen may put such an assert in a kernel's loads while the index it checks is a vector that the
     kernel's compute section declares below it (2.13's ``CppKernel.check_bounds`` falls back to compute), and
     g++ stops: "'tmp2' was not declared in this scope". Seen on torch 2.11 with transformers 5.17: the tiny
     Llama's generate, in the kernel that builds the attention mask (an arange over the KV positions, and the
-    padding mask read at them); plain torch.compile of the same model built. Only the asserts go: an index out
-    of range would read out of bounds rather than raise."""
+    padding mask read at them). Plain torch.compile of that model built there, but not with the bench's
+    20-token prompt (``tq bench --cache dynamic``, fifty-fifth session): the dense baseline compiles under the
+    same rule (:func:`dense_compile_context`). Only the asserts go: an index out of range would read out of
+    bounds rather than raise. ``devices``: the device types of the graph's tensors."""
     if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13):
         return {}
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    return {"assert_indirect_indexing": False} if devices == {"cpu"} else {}
+    return {"assert_indirect_indexing": False} if set(devices) == {"cpu"} else {}
+
+
+def dense_compile_context(device):
+    """The Inductor settings a dense baseline (``turboquant.demo.compiled_baseline``) runs its compiled calls
+    under, as a context manager: :func:`_cpp_bounds_asserts` for a model on ``device``, so that the baseline
+    builds wherever turboquant's own graphs of the model do. A no-op on torch >= 2.13 and off the CPU."""
+    patches = _cpp_bounds_asserts({torch.device(device).type})
+    return torch._inductor.config.patch(patches) if patches else contextlib.nullcontext()
 
 
 # Ops a pointwise expression may hold and still be inlined into its users (Inductor's GPU default: 30)

@@ -31,21 +31,27 @@ def compiled_baseline(base, mode: Optional[str] = None):
 
     As ``turboquant.compile`` does, a transformers cache is allocated before the compiled region
     (see :func:`turboquant.integrations.transformers.initialize_cache`): allocated inside a
-    compiled prefill, a static cache is CUDA-graph memory that the next replay overwrites.
+    compiled prefill, a static cache is CUDA-graph memory that the next replay overwrites. Its calls run
+    under :func:`turboquant.compat.dense_compile_context` (on torch < 2.13 a CPU model compiles without
+    Inductor's indirect-indexing asserts, as turboquant's own graphs do, where 2.11's C++ codegen could not
+    build them).
     """
+    from . import compat
     from .integrations import transformers as hf
 
     model = copy.deepcopy(base)
     original = model.forward
     compiled = torch.compile(original, mode=mode)
     cache_arg = hf.cache_kwarg(original)
+    device = next(model.parameters(), torch.empty(0)).device
 
     @functools.wraps(original)
     def forward(*args, **kwargs):
         cache = kwargs.get(cache_arg)
         if cache is not None and hf.is_hf_cache(cache):
             hf.initialize_cache(cache, model, hf.call_batch_size(args, kwargs))
-        return compiled(*args, **kwargs)
+        with compat.dense_compile_context(device):  # Dynamo compiles inside the call
+            return compiled(*args, **kwargs)
 
     model.forward = forward
     model.generation_config.disable_compile = True
