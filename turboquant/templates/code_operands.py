@@ -205,13 +205,6 @@ def _field3_shift(s):
 
 
 @triton.constexpr_function
-def _byte_lanes_asm(lane0, lane1, src, high):
-    """PTX that spreads the four bytes of ``src`` into the low bytes of four 16-bit lanes (``lane0``: bytes 0
-    and 1, ``lane1``: bytes 2 and 3), each under byte 0 of ``high`` (``0``: zeros)."""
-    return f"prmt.b32 {lane0}, {src}, {high}, 0x4140; prmt.b32 {lane1}, {src}, {high}, 0x4342; "
-
-
-@triton.constexpr_function
 def _straddle_lanes_asm(lane0, lane1):
     """PTX that makes four 16-bit lanes ``byte of $2 | byte of $3 << 8`` (``lane0``: bytes 0 and 1, ``lane1``:
     bytes 2 and 3): a byte plane's fields with the next plane's bits above them."""
@@ -430,9 +423,8 @@ def _polynomial_asm(bits, lut, s):
     bits, s = int(bits), int(s)
     coefs = [int(x, 16) for x in _lut_words(lut).split(",")]  # k0, k1, …: degree 3 or more (degree 1 is "lin")
     regs = "".join(f", c{i}" for i in range(len(coefs)))
-    asm = ("{ .reg .b32 x, y, t, u, v, w, p, k, e" + regs + "; "
+    asm = ("{ .reg .b32 x, u, v, w, p, k" + regs + "; "
            + "".join(f"mov.b32 c{i}, {c:#010x}; " for i, c in enumerate(coefs)))
-    srcs, outs = ["x"], ["$0"]
     if bits == 8:
         at = 1
         sel = 0x4040 | (2 + s) << 8 | s  # byte s of each word to the low byte of its half, zero above
@@ -454,14 +446,12 @@ def _polynomial_asm(bits, lut, s):
                 f"lop3.b32 x, x, {(((1 << bits) - 1) << at) * 0x10001:#010x}, k, 0xEA; ")
     scale, offset = _fp16x2_word(2.0 ** (1 - at - bits)), _fp16x2_word(-(2.0 ** (11 - at - bits) + 1))
     asm += f"mov.b32 w, {scale:#010x}; mov.b32 k, {offset:#010x}; "
-    for src, out in zip(srcs, outs):
-        asm += f"fma.rn.f16x2 u, {src}, w, k; fma.rn.f16x2 v, u, u, c0; "  # y = u² + k0, and p = y
-        p = "v"
-        for i in range(1, len(coefs)):
-            asm += f"fma.rn.f16x2 p, {p}, v, c{i}; "
-            p = "p"
-        asm += f"mul.rn.f16x2 {out}, {p}, u; "
-    return asm + "}"
+    asm += "fma.rn.f16x2 u, x, w, k; fma.rn.f16x2 v, u, u, c0; "  # y = u² + k0, and p = y
+    p = "v"
+    for i in range(1, len(coefs)):
+        asm += f"fma.rn.f16x2 p, {p}, v, c{i}; "
+        p = "p"
+    return asm + f"mul.rn.f16x2 $0, {p}, u; }}"
 
 
 @triton.constexpr_function
