@@ -96,7 +96,8 @@ def _cpp_bounds_asserts(devices) -> dict:
 def dense_compile_context(device):
     """The Inductor settings a dense baseline (``turboquant.demo.compiled_baseline``) runs its compiled calls
     under, as a context manager: :func:`_cpp_bounds_asserts` for a model on ``device``, so that the baseline
-    builds wherever turboquant's own graphs of the model do. A no-op on torch >= 2.13 and off the CPU."""
+    builds wherever turboquant's own graphs of the model do. A no-op on torch >= 2.13 and off the CPU. The
+    context may be entered again after each exit (one per model, entered every call)."""
     patches = _cpp_bounds_asserts({torch.device(device).type})
     return torch._inductor.config.patch(patches) if patches else contextlib.nullcontext()
 
