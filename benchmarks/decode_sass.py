@@ -50,16 +50,16 @@ COLUMNS = ["method", "bits", "S", "head_dim", "gqa", "num_splits", "program_per_
            "loop_instructions", "per_key",
            "opcodes"]
 _TL = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8", torch.int16: "i16",
-       torch.int32: "i32"}
+       torch.int32: "i32", torch.bool: "i1"}
 
 
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning):
+def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, bool_mask=False, **tuning):
     """SASS text and resource line of the split kernel a call of this shape would launch on a GPU of
-    ``sms`` multiprocessors."""
+    ``sms`` multiprocessors (with a bool attention mask ``[B, 1, L, S]``: ``bool_mask``)."""
     spec = KVQuantConfig(method=method, bits=bits).spec("k")
     small = QuantizedCacheTensor.empty((1, 1, 4, D), spec)  # the rows as a cache stores them
     q = torch.zeros(B, HKV * G, L, D, dtype=torch.bfloat16)
@@ -67,13 +67,14 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning
     meta = torch.zeros(B, HKV, S, small.meta.shape[-1], dtype=small.meta.dtype)
     cpu_sms, da.CPU_PLAN_MULTIPROCESSORS = da.CPU_PLAN_MULTIPROCESSORS, sms  # the GPU's geometry, not the tests'
     try:
-        plan = da._make_plan(q, codes, meta, codes, meta, spec, spec, None, False, 0.0, 0, D ** -0.5,
+        mask = torch.ones(B, 1, L, S, dtype=torch.bool).expand(B, HKV * G, L, S) if bool_mask else None
+        plan = da._make_plan(q, codes, meta, codes, meta, spec, spec, mask, False, 0.0, 0, D ** -0.5,
                              da._tuning(use_asm=True, **tuning), True)
     finally:
         da.CPU_PLAN_MULTIPROCESSORS = cpu_sms
     names = da._decode_split_kernel.arg_names
     tables = [q if t is None else t for t in plan.tables]  # the centroid and rotation tables' dtypes shape the code
-    args = [q, codes, meta, codes, meta] + tables + [q] * 4 + list(plan.split.tail)
+    args = [q, codes, meta, codes, meta] + tables + [q if mask is None else mask] + [q] * 3 + list(plan.split.tail)
     first_const = names.index("HKV")
     if plan.split.options["num_warps"] == 1:  # on the GPU one-warp programs take their bound as an argument
         args[names.index("FIXED_BLOCKS")] = 0  # (the CPU tensors here made the interpreter's constant)
@@ -89,12 +90,12 @@ def compile_sass(method, bits, S, D=128, G=4, B=8, HKV=8, L=1, sms=132, **tuning
             sig[n] = "i32"
             if v % 16 == 0 and v != 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    sass, res, shared = compile_for_sm90(da._decode_split_kernel, sig, consts, attrs, plan.split.options)
-    return sass, res, shared, plan.split.options, consts, plan.split.tail
+    sass, res, shared, ttgir = compile_for_sm90(da._decode_split_kernel, sig, consts, attrs, plan.split.options)
+    return sass, res, shared, plan.split.options, consts, plan.split.tail, ttgir
 
 
 def compile_for_sm90(kernel, sig, consts, attrs, options):
-    """A Triton kernel's sm_90 SASS, resource line and shared memory (bytes), compiled on this machine."""
+    """A Triton kernel's sm_90 SASS, resource line, shared memory (bytes) and TTGIR, compiled on this machine."""
     ck = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=dict(options))
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(ck.asm["cubin"])
@@ -104,7 +105,7 @@ def compile_for_sm90(kernel, sig, consts, attrs, options):
                              check=True).stdout
     finally:
         os.unlink(f.name)
-    return sass, res, ck.metadata.shared
+    return sass, res, ck.metadata.shared, ck.asm["ttgir"]
 
 
 def programs_per_sm_fit(registers: int, shared: int, num_warps: int) -> int:
@@ -178,22 +179,31 @@ def main(argv=None):
     p.add_argument("--linear-levels", action=argparse.BooleanOptionalAction, default=None,
                    help="2-bit turbo codes read as fields in place, their levels linear in the code's bits "
                         "(default), or looked up")
+    p.add_argument("--value-words", action=argparse.BooleanOptionalAction, default=None,
+                   help="3-bit values as 16-bit word tiles (default where a row group's sub-block is 16 keys at "
+                        "head_dim 128), or byte planes")
     p.add_argument("--maxnreg", type=int, help="a register cap (ptxas; more programs per SM where they fit)")
+    p.add_argument("--bool-mask", action="store_true", help="with a bool attention mask (every key kept)")
     p.add_argument("--dump", help="write the whole SASS here")
+    p.add_argument("--dump-ttgir", help="write the kernel's TTGIR here")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = p.parse_args(argv)
-    sass, res, shared, options, consts, tail = compile_sass(
+    sass, res, shared, options, consts, tail, ttgir = compile_sass(
         a.method, a.bits, a.S, D=a.head_dim, G=a.gqa, B=a.batch, HKV=a.kv_heads, L=a.query_len, sms=a.sms,
+        bool_mask=a.bool_mask,
         num_warps=a.num_warps,
         block_n=a.block_n, row_groups=a.row_groups, register_lut=a.register_lut, plane_hadamard=a.plane_hadamard,
         block_sums=a.block_sums, zero_drain=a.zero_drain, shuffle_lut=a.shuffle_lut,
         polynomial_levels=a.polynomial_levels,
         constant_rows=a.constant_rows, maxnreg=a.maxnreg, query_sum_tile=a.query_sum_tile, keys_major=a.keys_major,
         query_row_load=a.query_row_load, linear_levels=a.linear_levels, wide_query_rotation=a.wide_query_rotation,
-        early_rows=a.early_rows)
+        early_rows=a.early_rows, value_words=a.value_words)
     if a.dump:
         with open(a.dump, "w") as f:
             f.write(sass)
+    if a.dump_ttgir:
+        with open(a.dump_ttgir, "w") as f:
+            f.write(ttgir)
     usage = re.search(r"REG:(\d+) STACK:(\d+)", res)
     n, ops = loop_counts(sass)
     total = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, flags=re.M))

@@ -179,7 +179,7 @@ def sm90_loop(bits, meta=True, block_n=64, num_stages=3, num_warps=1, byte_plane
     consts = {"ROW": 128 * bits // 16, "BLOCK_N": block_n, "META": meta, "NUM_STAGES": num_stages,
               "BYTE_PLANES": byte_planes, "READ": 128 * bits // 16}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}
-    sass, _, shared = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
+    sass, _, shared, _ = compile_for_sm90(_stream_kernel, sig, consts, attrs, {"num_warps": num_warps})
     n, ops = loop_counts(sass)
     return {"loop_instructions": n, "opcodes": dict(ops), "shared": shared}
 

@@ -330,3 +330,20 @@ def test_compile_codegen_benchmark_smoke(tmp_path):
     assert set(rows) == {"bf16", "turbo-2"} and float(rows["bf16"]["vs_bf16"]) == 1.0
     assert all(float(r["codegen_s"]) > 0 for r in rows.values())
     assert int(rows["turbo-2"]["triton_kernels"]) >= int(rows["bf16"]["triton_kernels"]) > 0
+
+
+def test_three_bit_value_words_compile_to_two_wide_fragments(tmp_path):
+    """The word tiles' lanes are made for k-width 2 fragments (``_word3_lanes``), so the compiled kernel (sm_90,
+    CPU compile) must give every pack-8 asm's operands that width, also with a bool mask, whose byte loads had made
+    the value dots' operands k-width 4 (``_wide_origin``); and its loop is shorter than the byte planes'."""
+    pytest.importorskip("triton")
+    for method, mask in (("turbo", []), ("turbo", ["--bool-mask"]), ("affine", ["--bool-mask"])):
+        per_key = {}
+        for words in ("--value-words", "--no-value-words"):
+            ttgir = tmp_path / "k.ttgir"
+            row, _ = _sass_row(tmp_path, method, "3", *mask, words, "--dump-ttgir", str(ttgir))
+            per_key[words] = float(row["per_key"])
+            asm = [line for line in ttgir.read_text().splitlines() if "packed_element = 8" in line]
+            assert (len(asm) > 0) == (words == "--value-words"), (method, mask)
+            assert all("kWidth = 2" in line and "kWidth = 4" not in line for line in asm), (method, mask)
+        assert per_key["--value-words"] < per_key["--no-value-words"], (method, mask)

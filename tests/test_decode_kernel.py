@@ -330,11 +330,11 @@ def test_property(method, k_bits, v_bits, g, L, S, seed, meta_words, D):
     assert _rel(out, ref) < TOL
 
 
-def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> list:
+def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1, outputs: int = 2) -> list:
     """The 32-bit instructions of ``asm`` (``and``/``or``/``shr``/``shl``/``lop3``/``mov``/``mul.lo``/``mad.lo``,
     ``fma.rn``/``mul.rn`` on ``f16x2``, default-mode ``prmt``, whose selector nibble's bit 3 sign-fills the byte, ``%laneid`` and
     ``shfl.sync.idx`` with a clamp of 31, which reads bits 0–4 of its lane operand) on ``inputs``
-    (``$first_input``, …), in each of ``lanes`` lanes of a warp; returns ``$0`` and ``$1``, a value
+    (``$first_input``, …), in each of ``lanes`` lanes of a warp; returns ``$0`` … ``$(outputs − 1)``, a value
     each for one lane, else a list over the lanes. An input is a value for every lane or a list of one
     per lane."""
     import re
@@ -387,7 +387,7 @@ def _run_ptx(asm: str, inputs: list, first_input: int = 2, lanes: int = 1) -> li
             regs[d] = [x[0][x[1][lane] & 0x1F] for lane in range(lanes)]
         else:
             regs[d] = [ops[op](args) & 0xFFFFFFFF for args in zip(*x)]
-    out = [regs.get("$0"), regs.get("$1")]
+    out = [regs.get(f"${i}") for i in range(outputs)]
     return [None if o is None else o[0] if lanes == 1 else o for o in out]
 
 
@@ -659,6 +659,80 @@ def test_3bit_lane_permutes_put_each_code_in_place():
             assert co._field_unit.fn(3, False, s) == 2.0 ** (shift - 24)
 
 
+@pytest.mark.parametrize("method, seed, k_bits, mask, num_splits, S", [
+    ("affine", 0, 3, "padded", 2, 77), ("affine", 1, 4, "bool", 3, 150), ("affine", 2, 8, None, 1, 40),
+    ("turbo", 3, 3, "padded", 2, 77), ("turbo", 4, 4, "causal", 1, 50)])
+def test_three_bit_value_words_are_the_byte_planes(method, seed, k_bits, mask, num_splits, S):
+    """3-bit values read as word tiles, slot by slot (``value_words``), against the oracle and against the same
+    values read as byte planes: the same products (each slot's column one output dim) summed in the same order, so
+    the same numbers."""
+    args = dict(B=2, hkv=2, g=4, L=1, S=S, D=128, mask=mask, seed=seed, num_warps=1, num_splits=num_splits,
+                block_n=64, row_groups=4)
+    words, ref = _case(method, k_bits, 3, value_words=True, **args)
+    planes, _ = _case(method, k_bits, 3, value_words=False, **args)
+    assert _rel(words, ref) < TOL
+    assert _rel(words, planes.double()) < 1e-6
+
+
+def test_three_bit_value_words_only_where_the_tile_fits():
+    from turboquant.templates.decode_attention import _value_words3
+
+    spec = KVQuantConfig(method="affine", bits=3).spec("v")
+    turbo = KVQuantConfig(method="turbo", bits=3).spec("v")
+    fits = dict(v_spec=spec, v_lut="", d=128, v_nbytes=48, v_place=(4096, 48 * 64, 48, 48), sub_n=16, num_warps=1,
+                keys_major=False, early_rows=False)
+    assert not _value_words3(**fits)  # affine: byte planes unless asked (words were slower, H100)
+    assert _value_words3(**fits, override=True)
+    assert _value_words3(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")))
+    assert not _value_words3(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")), override=False)
+    poly = fits | dict(v_spec=turbo, v_lut="poly:0x1")
+    for change in (dict(v_lut="shfl:0x1"), dict(d=64, v_nbytes=24), dict(sub_n=32), dict(num_warps=4),
+                   dict(keys_major=True), dict(early_rows=True), dict(v_place=(4097, 48, 48, 48)),
+                   dict(v_place=(4096, 48, 48, 49))):
+        assert not _value_words3(**(poly | change)), change
+        with pytest.raises(ValueError, match="value_words=True"):
+            _value_words3(**(poly | change), override=True)
+
+
+def test_three_bit_value_word_fragments_hold_both_column_halves():
+    """The lanes of ``_word3_lanes`` (GPU: one asm of pack 8, a thread's whole fragment of a 16 × 16 tile) take the
+    operand's column n from the fragment's first two registers and n + 8 from the last two. That is the register
+    order of Triton's MMA B operand of 16-bit values at k-width 2 (register bases: key + 1, key + 8, column + 8),
+    checked here; and the PTX makes, from the words of Y and X in those registers, each plane's fields where the
+    layout says (the interpreter's path, which the kernel tests compare with the oracle, reads them so)."""
+    gluon_ir = pytest.importorskip("triton._C.libtriton.gluon_ir")
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon.language._layouts import DotOperandLayout, NVMMADistributedLayout
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    mma = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    layout = builder.to_linear_layout(DotOperandLayout(1, mma, 2)._to_ir(builder), [16, co.WORD3_COLUMNS.value])
+    assert layout.reg_bases == [[1, 0], [8, 0], [0, 8]]
+
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        rows = torch.randint(0, 256, (4, 48), generator=gen)  # keys k, k+1, k+8, k+9: byte planes 0, 1, 2
+        words = (rows[:, 0::2] | rows[:, 1::2] << 8).tolist()  # the rows as little-endian 16-bit words
+        codes = [[(rows[k, t] | rows[k, 16 + t] << 8 | rows[k, 32 + t] << 16) >> 3 * s & 7 for t in range(16)
+                  for s in range(8)] for k in range(4)]  # code of dim 8t + s
+        for n in range(8):  # a thread's operand columns n (registers 0, 1) and n + 8 (2, 3)
+            pair = lambda w, h: words[2 * h][w] | words[2 * h + 1][w] << 16  # noqa: E731  keys (k, k+1) or (k+8, k+9)
+            y = [pair(n, 0), pair(n, 1), pair(8 + n, 0), pair(8 + n, 1)]
+            x = [pair(16 + n, 0), pair(16 + n, 1), 0, 0]
+            for a, planes in ((0, (0, 1, 2)), (1, (3, 4, 5)), (2, (6, 7))):
+                lanes = _run_ptx(co._word3_lanes_asm.fn(a), y + x, first_input=4, outputs=4)
+                for s in planes:
+                    fields = [_run_ptx(co._lane_mask_asm.fn(7 << (3 * s) % 8), [r], first_input=1)[0] for r in lanes]
+                    for r, field in enumerate(fields):
+                        t = 2 * n + r // 2  # registers 2, 3: the operand's column n + 8, the odd dim column
+                        keys = (0, 1) if r % 2 == 0 else (2, 3)
+                        got = [field >> 16 * i & 0xFFFF for i in range(2)]
+                        want = [codes[k][8 * t + s] << (3 * s) % 8 for k in keys]
+                        assert got == want, (n, s, r)
+
+
 def test_supports_names_what_it_leaves_to_the_fallback():
     q = torch.zeros(1, 4, 9, 64)
     spec = KVQuantConfig().spec("k")
@@ -806,6 +880,23 @@ def test_full_size_on_gpu(method, S):
     out, ref = _case(method, 4, 3, B=17, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16,
                      meta_words=True)
     assert _rel(out.to(torch.bfloat16), ref) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["affine", "turbo"])
+@pytest.mark.parametrize("S, launch", [(4097, dict(num_warps=1, row_groups=4, block_n=64)), (16384, {}),
+                                       (32768, {})])
+def test_three_bit_value_words_at_full_size_on_gpu(method, S, launch):
+    # 3-bit caches of long splits, their values read as word tiles (turbo's default there) and as byte planes
+    from turboquant.templates import decode_attention as da
+
+    args = dict(B=8, hkv=8, g=4, L=1, S=S, D=128, mask="padded", seed=S, dtype=torch.bfloat16, meta_words=True,
+                block_n=None) | launch
+    words, ref = _case(method, 3, 3, **args, **({"value_words": True} if method == "affine" else {}))
+    assert da.split_constants(next(reversed(da._PLANS.values())))["V_WORDS3"]
+    planes, _ = _case(method, 3, 3, value_words=False, **args)
+    assert _rel(words.to(torch.bfloat16), ref) < TOL
+    assert _rel(words, planes.double()) < 1e-3  # bf16 outputs: the same sums, at most a rounding apart
 
 
 @pytest.mark.gpu

@@ -247,8 +247,14 @@ def _field3_lanes(b0, b1, b2, S: tl.constexpr, USE_ASM: tl.constexpr):
     unpacking of each byte three instructions per two codes. sm_90 SASS of the loop at 32K, warp instructions per
     key, own spreads → shared (``benchmarks/decode_sass.py affine 3``): head_dim 128 18.48 → 17.42, 64 18.73 →
     17.67, 96 19.92 → 18.83, 256 35.67 → 32.97 (88 → 56 bytes spilled); 4K 23.11 → 21.94."""
+    return _field3_mask(_field3_spread(b0, b1, b2, S, USE_ASM), S, USE_ASM)
+
+
+@triton.jit
+def _field3_mask(lanes, S: tl.constexpr, USE_ASM: tl.constexpr):
+    """Plane ``S``'s fields of 16-bit lanes (:func:`_field3_spread`'s, or :func:`_word3_lanes`'), masked in place
+    (int16)."""
     MASK: tl.constexpr = 7 << _field3_shift(S)
-    lanes = _field3_spread(b0, b1, b2, S, USE_ASM)
     if USE_ASM:
         AND: tl.constexpr = _lane_mask_asm(MASK)
         lanes = tl.inline_asm_elementwise(AND, "=r,r", [lanes], dtype=tl.int16, is_pure=True, pack=2)
@@ -397,12 +403,12 @@ def _shuffle_lut_asm(bits, lut, s):
 
 
 @triton.constexpr_function
-def _polynomial_asm(bits, lut, s):
+def _polynomial_asm(bits, lut, s, pos=None):
     """PTX for turbo codes to their fp16 levels computed from the code
     (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`). 4/8-bit (pack 2): ``$1`` two int16 row words, plane
     ``s``'s code at bit ``bits · s`` of each; ``$0`` their two levels. 3-bit (pack 2): ``$1`` two lanes of
     :func:`_field3_spread` (the byte plane that holds plane ``s``'s low bits, the next one above it), the field at
-    bit ``3s mod 8``; ``$0`` their two levels.
+    bit ``3s mod 8`` (or at ``pos``); ``$0`` their two levels.
 
     Each code ``k`` becomes the fp16 number ``x = 1024 + 2^(a−1)·(2k + 1)``: the code in the mantissa at bit
     ``a ≥ 1``, the half bit below it, the exponent of 1024 above. 8-bit: a permute (byte ``s`` to the low byte of
@@ -430,7 +436,7 @@ def _polynomial_asm(bits, lut, s):
         sel = 0x4040 | (2 + s) << 8 | s  # byte s of each word to the low byte of its half, zero above
         asm += f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; "
     elif bits == 3:  # two lanes of _field3_spread: the field and its half bit kept, the exponent's byte set
-        pos = _field3_shift(s)
+        pos = _field3_shift(s) if pos is None else int(pos)
         at = max(pos, 1)
         mask, magic = 7 << pos, 0x6400 | 1 << (at - 1)
         if pos == 0:
@@ -560,3 +566,96 @@ def _lookup(lut_ptr, codes, BITS: tl.constexpr):
 
 def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
     return turbo_centroids(d, bits, device=device, dtype=torch.float16)  # fp16 numbers: exact, what the MMAs see
+
+
+# ---- 3-bit values as 16-bit words ----------------------------------------------------------------------------
+#
+# A head_dim-128 3-bit row is three 16-byte byte planes; read as int16 words, word w of a plane holds the bytes of
+# dim columns t = 2w and 2w + 1. The value tiles are Y [keys, 16], the row's first 32 bytes (columns 0–7 byte plane
+# 0's words, 8–15 plane 1's), and X, plane 2's words (columns 0–7; 8–15 zeros, not read): 48 bytes a key, as the
+# byte planes. A value tile is the B operand of the probabilities' MMA, and in its fragment of a 16-key, 16-column
+# tile of 16-bit values a thread's four registers hold two keys' words each, of column n (the first two) and
+# n + 8 (the last two): the register bases are key + 1, key + 8, column + 8 at the 16-bit operands' k-width 2 (the
+# kernel tests check the layout, and the compiled kernel's width: ``tests/test_bench.py``). So one inline asm of
+# pack 8 sees, for its thread's keys, word n of all three byte planes, Y's columns n and n + 8 and X's n:
+# it makes the 16-bit lanes ``byte plane a | byte plane a + 1 << 8`` of dim columns 2n (registers 0, 1: the
+# operand's column n) and 2n + 1 (2, 3: column n + 8), one permute per two keys. Words load by ldmatrix, where a
+# byte plane's bytes as this operand were one shared-memory load each (LDS.U8, 96 a 64-key block). Planes 0–2
+# mask lanes of byte planes 0 | 1, 3–5 of 1 | 2, 6 and 7 of 2 (:func:`_field3_mask`, as the byte planes' lanes);
+# a plane's operand column c is its dim column 2c (c < 8) or 2(c − 8) + 1, which the accumulators undo after the
+# loop (:func:`_word3_planes`). 16-key tiles: one row group's sub-block (4-row tiles of 64-key blocks).
+
+WORD3_COLUMNS = tl.constexpr(16)  # head_dim 128's byte planes, 16 bytes each, as two 8-word halves
+
+
+@triton.constexpr_function
+def _word3_lanes_asm(a):
+    """PTX of :func:`_word3_lanes` on a thread's fragment (pack 8): ``$4``–``$7`` Y's registers, ``$8``–``$11``
+    X's; ``$0``, ``$1`` the lanes of byte planes ``a`` | ``a + 1`` (or 2 | 2) of even dim columns, ``$2``, ``$3`` of
+    odd ones (each two keys')."""
+    word = {0: (4, 5), 1: (6, 7), 2: (8, 9)}  # byte plane -> its registers of keys (k, k+1), (k+8, k+9)
+    lo, hi = word[int(a)], word[min(int(a) + 1, 2)]
+    return "{ " + "".join(f"prmt.b32 ${2 * odd + h}, ${lo[h]}, ${hi[h]}, {sel}; "
+                          for odd, sel in enumerate(("0x6240", "0x7351")) for h in range(2)) + "}"
+
+
+@triton.jit
+def _value_words3(base, first, S, stride, N: tl.constexpr):
+    """The Y and X int16 tiles ``[N, 16]`` of keys ``first … first + N − 1`` (rows at ``base``, ``stride`` bytes
+    apart; keys from ``S`` on read as zeros), and the rows' word pointers and bounds ``[N, 1]``."""
+    n = first + tl.arange(0, N)
+    rows = (base + n.to(tl.int64) * stride).to(tl.pointer_type(tl.int16))[:, None]
+    ok = (n < S)[:, None]
+    c = tl.arange(0, WORD3_COLUMNS)[None, :]
+    y = tl.load(rows + c, mask=ok, other=0)
+    x = tl.load(rows + 16 + c, mask=ok & (c < 8), other=0)
+    return y, x, rows, ok
+
+
+@triton.jit
+def _word3_lanes(y, x, rows, ok, A: tl.constexpr, USE_ASM: tl.constexpr):
+    """16-bit lanes ``[N, 16]`` of byte planes ``A`` | ``A + 1`` (or 2 | 2): column c holds dim column 2c
+    (c < 8) or 2(c − 8) + 1. The interpreter reads the planes' words again for them (a column's lane comes from
+    another column's word, which only the GPU's fragment has at hand)."""
+    if USE_ASM:
+        LANES: tl.constexpr = _word3_lanes_asm(A)
+        lanes = tl.inline_asm_elementwise(LANES, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [y, x], dtype=tl.int16,
+                                          is_pure=True, pack=8)
+    else:
+        B: tl.constexpr = A + 1 if A < 2 else 2
+        c = tl.arange(0, WORD3_COLUMNS)[None, :]
+        lo = tl.load(rows + 8 * A + c % 8, mask=ok, other=0).to(tl.int32) & 0xFFFF
+        hi = tl.load(rows + 8 * B + c % 8, mask=ok, other=0).to(tl.int32) & 0xFFFF
+        lanes = tl.where(c < 8, (lo & 0xFF) | ((hi & 0xFF) << 8), (lo >> 8) | (hi & 0xFF00))
+    return lanes
+
+
+@triton.jit
+def _word3_values(lanes, S: tl.constexpr, TURBO: tl.constexpr, lut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr):
+    """fp16 values of plane ``S`` from its :func:`_word3_lanes`: affine fields in place (worth
+    ``_field_unit(3, False, S)``), or turbo levels (the level polynomial, :func:`_polynomial_asm`; the interpreter
+    gathers them from the table)."""
+    if TURBO:
+        if USE_ASM:
+            CODE_ASM: tl.constexpr = _code_level_asm(3, LUT, S)
+            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [lanes], dtype=tl.float16, is_pure=True, pack=2)
+        else:
+            vals = _lookup(lut_ptr, (lanes >> _field3_shift(S)) & 7, 3)
+    else:
+        vals = _field3_mask(lanes, S, USE_ASM).to(tl.float16, bitcast=True)
+    return vals
+
+
+@triton.jit
+def _word3_plane(a):
+    """A value plane's accumulator ``[R, 16]`` with its columns in dim order: column c of :func:`_word3_lanes`'
+    order holds dim column 2c (c < 8) or 2(c − 8) + 1."""
+    even, odd = tl.split(tl.permute(tl.reshape(a, [a.shape[0], 2, 8]), (0, 2, 1)))
+    return tl.reshape(tl.join(even, odd), [a.shape[0], 16])
+
+
+@triton.jit
+def _word3_planes(a0, a1, a2, a3, a4, a5, a6, a7):
+    """:func:`_word3_plane` of each of the eight value planes (after the loop, once per program)."""
+    return (_word3_plane(a0), _word3_plane(a1), _word3_plane(a2), _word3_plane(a3), _word3_plane(a4),
+            _word3_plane(a5), _word3_plane(a6), _word3_plane(a7))

@@ -587,6 +587,32 @@ def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int
     return d > 64 and all(s.method == "affine" or s.bits in (2, 4) or row_grid(d, s.bits) for s in (k_spec, v_spec))
 
 
+def _value_words3(v_spec: TensorQuantSpec, v_lut: str, d: int, v_nbytes: int, v_place: tuple, sub_n: int,
+                  num_warps: int, keys_major: bool, early_rows: bool, override: Optional[bool] = None) -> bool:
+    """Whether 3-bit values are read as 16-bit word tiles (:func:`~.code_operands._value_words3`) rather than as byte
+    planes. They can be for affine values, or turbo ones whose levels are computed (``v_lut`` ``"poly"``), of head_dim
+    128 (16-byte byte planes), in one-warp row-major tiles whose row groups take 16 keys each (4 query rows, 64-key
+    blocks: long splits); ``v_place``, the codes' address and strides in bytes: a 16-byte aligned address (a plan
+    serves only calls whose address is, see :func:`decode_attention`'s plan key) and even strides. As the value
+    MMAs' B operand a byte plane's bytes were one shared-memory load each; words load by ldmatrix. By default for
+    turbo values only: H100, B=8, Hq=32, Hkv=8, D=128, CUDA graph µs, byte planes → words, same process
+    (2026-12-08, ``benchmarks/results/session56_gpu/``): turbo 3-bit 32K 118.1 → 112.1 / 113.8 and 120.9 → 113.0 /
+    115.6, 16K 64.43 → 59.98 / 61.64 and 64.47 → 58.98 / 61.66 (errors unchanged); affine 3-bit 32K 86.42 → 91.76 /
+    91.87, 16K 48.41 → 50.22 / 50.12, slower, though its loop is shorter (sm_90 SASS, 17.42 → 15.12 warp
+    instructions per key; turbo 29.62 → 26.64). Why affine loses is not known. Not timed on the H200. ``override``
+    False keeps byte planes; True reads words where the tiles fit and raises elsewhere."""
+    fits = ((v_spec.method == "affine" or _lut_kind.fn(v_lut) == "poly") and v_spec.bits == 3 and d == 128
+            and v_nbytes == 48 and sub_n == 16 and num_warps == 1 and not keys_major and not early_rows
+            and v_place[0] % 16 == 0 and all(x % 2 == 0 for x in v_place[1:]))
+    if override and not fits:
+        raise ValueError(f"value_words=True takes 3-bit values (affine, or turbo with computed levels) of head_dim 128 "
+                         f"in one-warp row-major tiles of 16 keys a row group and even strides; got {v_spec.method} "
+                         f"{v_spec.bits}-bit values (lookup {_lut_kind.fn(v_lut)!r}) of "
+                         f"head_dim {d}, {sub_n} keys a row group, {num_warps} warps, keys_major={keys_major}, "
+                         f"early_rows={early_rows}, address and strides {v_place}")
+    return fits and v_spec.method == "turbo" if override is None else bool(override)
+
+
 def _wide_key_blocks(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, rows: int, split_keys: int) -> bool:
     """Whether a keys-major tile reads 128 keys a block at 2 pipeline stages instead of 64 at 3: affine 2-bit
     keys and values, tiles of at most 4 query rows, splits of ``WIDE_BLOCK_SPLIT_KEYS`` keys or more (where it
@@ -774,7 +800,7 @@ _TUNING_DEFAULTS = dict(block_n=None, num_splits=None, num_warps=None, num_stage
                         register_lut=None, plane_hadamard=None, block_sums=None, shuffle_lut=None,
                         polynomial_levels=None, constant_rows=None, query_sum_tile=None, keys_major=None,
                         occupancy_cap=None, query_row_load=None, linear_levels=None, zero_drain=None,
-                        wide_query_rotation=None, early_rows=None)
+                        wide_query_rotation=None, early_rows=None, value_words=None)
 
 
 def _tuning(**overrides) -> tuple:
@@ -790,7 +816,7 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
     (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
      rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
      query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
-     early_rows) = tuning
+     early_rows, value_words) = tuning
     B, HQ, L, D = q.shape
     HKV, S = k_codes.shape[1], k_codes.shape[2]
     G = HQ // HKV
@@ -919,6 +945,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         ZERO_DRAIN=int(zero_drain or 0),
         Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
         EARLY_ROWS=_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms, early_rows))
+    consts["V_WORDS3"] = _value_words3(v_spec, luts[1], D, v_codes.shape[-1], (v_codes.data_ptr(), *vc_strides),
+                                       block_n // row_groups, num_warps, bool(keys_major), consts["EARLY_ROWS"],
+                                       value_words)
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -956,7 +985,8 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
                      query_sum_tile: Optional[bool] = None, keys_major: Optional[bool] = None,
                      occupancy_cap: Optional[int] = None, query_row_load: Optional[bool] = None,
                      linear_levels: Optional[bool] = None, zero_drain: Optional[int] = None,
-                     wide_query_rotation: Optional[bool] = None, early_rows: Optional[bool] = None) -> torch.Tensor:
+                     wide_query_rotation: Optional[bool] = None, early_rows: Optional[bool] = None,
+                     value_words: Optional[bool] = None) -> torch.Tensor:
     """Attention of ``q [B, Hq, L ≤ 8, D]`` over packed caches ``[B, Hkv, S, ·]``; returns ``[B, Hq, L, D]``
     in ``q``'s dtype.
 
@@ -1011,7 +1041,9 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     default in one-warp programs: :func:`~.query_planes._rotation_width`). ``early_rows``: a split of one block
     (and one row group; elsewhere the option does nothing) loads its key and value rows before the query's
     prologue rather than where they are read, so that their latency passes under the prologue and the key dots, for
-    more registers; by default for short affine 3-bit caches whose grid fits (:func:`_early_rows`).
+    more registers; by default for short affine 3-bit caches whose grid fits (:func:`_early_rows`). ``value_words``:
+    3-bit values read as 16-bit word tiles rather than byte planes, where the tiles fit (:func:`_value_words3`; by
+    default for turbo values there).
     """
     if q.stride(-1) != 1:
         q = q.contiguous()  # turbo: the kernel rotates q (see _q_plane)
@@ -1021,7 +1053,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     tuning = (block_n, num_splits, num_warps, num_stages, programs_per_sm, use_asm, min_tile_rows, maxnreg, row_groups,
               rotate_blocks, register_lut, plane_hadamard, block_sums, shuffle_lut, polynomial_levels, constant_rows,
               query_sum_tile, keys_major, occupancy_cap, query_row_load, linear_levels, zero_drain, wide_query_rotation,
-              early_rows)
+              early_rows, value_words)
     # q stands in as the pointer of an absent mask or ring
     mask_or_q = q if attn_mask is None else attn_mask
     ring_pos_or_q = ring_pos if ring_w else q

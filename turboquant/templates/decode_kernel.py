@@ -6,8 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .code_operands import (_block_rows, _code_word_bytes, _field_unit, _field_values, _lin_coef, _lin_low_bits,
-                            _lut_kind, _plane_values)
+from .code_operands import (WORD3_COLUMNS, _block_rows, _code_word_bytes, _field_unit, _field_values, _lin_coef,
+                            _lin_low_bits, _lut_kind, _plane_values, _value_words3, _word3_lanes, _word3_planes,
+                            _word3_values)
 from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
@@ -39,6 +40,7 @@ def _decode_split_kernel(
     KC_ROW: tl.constexpr, KM_ROW: tl.constexpr, VC_ROW: tl.constexpr, VM_ROW: tl.constexpr,
     K_PAIR: tl.constexpr, V_PAIR: tl.constexpr, Q_SUM_TILE: tl.constexpr, KEYS_MAJOR: tl.constexpr,
     Q_ROW_LOAD: tl.constexpr, ZERO_DRAIN: tl.constexpr, Q_WIDE: tl.constexpr, EARLY_ROWS: tl.constexpr,
+    V_WORDS3: tl.constexpr,
 ):
     # The packed row is never re-interleaved: a row of P planes meets the query as P dots over
     # matching strided query dims (keys), and the values accumulate into P strided output slices.
@@ -51,6 +53,9 @@ def _decode_split_kernel(
     # ZERO_DRAIN: fields in place (affine values, linear turbo levels), one row group, one-warp rescaling
     tl.static_assert(ZERO_DRAIN == 0 or (SKIP_RESCALE and NG == 1 and not BLOCK_SUMS
                                          and (not V_TURBO or _lut_kind(V_LUT) == "lin")))
+    # V_WORDS3 (_value_words3): 3-bit head_dim-128 values as word tiles of one row group's 16 keys
+    tl.static_assert(not V_WORDS3 or (V_BITS == 3 and VP * VPW == 128 and VPW == WORD3_COLUMNS and BLOCK_N // NG == 16
+                                      and not KEYS_MAJOR and not EARLY_ROWS))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
     # turbo codes whose levels are linear in their bits ("lin", _linear_level_words) are fields in place, as
     # affine codes: K_TABLE says whether the keys' codes become table values (worth 1 each)
@@ -203,7 +208,10 @@ def _decode_split_kernel(
             mptr = (mask_ptr + b * stride_mb + _per_row(qh * stride_mh + ql * stride_ml, KEYS_MAJOR)
                     + _per_key(n64, NG, 1, KEYS_MAJOR) * stride_ms)
             if MASK_BOOL:
-                keep = keep & (tl.load(mptr, mask=keep, other=0) != 0)
+                allowed = tl.load(mptr, mask=keep, other=0)
+                if V_WORDS3 and USE_ASM:
+                    allowed = _wide_origin(allowed)
+                keep = keep & (allowed != 0)
             else:
                 s = s + tl.load(mptr, mask=keep, other=0.0).to(tl.float32) * LOG2E
         if RING_W > 0:  # positions a residual window's ring holds are the wrapper's part, read dense
@@ -253,11 +261,13 @@ def _decode_split_kernel(
         a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
             pv if NG == 1 else _group_rows(pv, grp, 0, USE_ASM), vc_base, blk, S, stride_vcs,
             a0 * a_b, a1 * a_b, a2 * a_b, a3 * a_b, a4 * a_b, a5 * a_b, a6 * a_b, a7 * a_b, V_BITS, V_TURBO, V_NBYTES,
-            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR, ev0, ev1, ev2, EARLY_ROWS)
+            VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS, KEYS_MAJOR, ev0, ev1, ev2, EARLY_ROWS,
+            V_WORDS3)
         for r in tl.static_range(1, NG):
             a0, a1, a2, a3, a4, a5, a6, a7 = _value_dots(
                 _group_rows(pv, grp, r, USE_ASM), vc_base, blk + r * SUB_N, S, stride_vcs, a0, a1, a2, a3, a4,
-                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS)
+                a5, a6, a7, V_BITS, V_TURBO, V_NBYTES, VP, VPW, SUB_N, vlut_ptr, USE_ASM, V_LUT, rz, BLOCK_SUMS,
+                WORDS3=V_WORDS3)
         k_scale, k_zero, v_scale, v_zero = next_meta
 
     if KEYS_MAJOR:  # the accumulators as [rows, dims] for the epilogue (once per program)
@@ -270,6 +280,9 @@ def _decode_split_kernel(
         row_ok = rows < G * L
         qh = h * G + rows // L
         ql = rows % L
+
+    if V_WORDS3:  # value planes' columns in dim order, for the epilogue (once per program)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _word3_planes(a0, a1, a2, a3, a4, a5, a6, a7)
 
     W_OUT: tl.constexpr = D if FINAL else VP * VPW  # row width of what this program stores
     if FINAL:  # one split: normalise here, no partials
@@ -487,12 +500,28 @@ def _plus_dot(a, b, acc, rz, BLOCK_SUMS: tl.constexpr):
 def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a7, BITS: tl.constexpr,
                 TURBO: tl.constexpr, NBYTES: tl.constexpr, VP: tl.constexpr, VPW: tl.constexpr, N: tl.constexpr,
                 vlut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr, rz, BLOCK_SUMS: tl.constexpr,
-                KEYS_MAJOR: tl.constexpr = False, v0=0, v1=0, v2=0, LOADED: tl.constexpr = False):
+                KEYS_MAJOR: tl.constexpr = False, v0=0, v1=0, v2=0, LOADED: tl.constexpr = False,
+                WORDS3: tl.constexpr = False):
     """The accumulators plus ``pv [M, N]`` times the values of keys ``first … first + N − 1``, plane by plane
     (:func:`_plus_dot`). Keys-major: ``pv [N, M]`` and accumulators ``[VPW, M]``, the values read
     transposed (``[VPW, N]``) so that each plane is the A operand as loaded, through the pipeline's
     shared memory; read as rows and transposed in registers, Triton converted them through shared
-    memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``."""
+    memory outside the pipeline every block. ``LOADED``: the rows are ``v0, v1, v2``. ``WORDS3``: 3-bit rows as
+    word tiles (:func:`~.code_operands._value_words3`), each plane's columns in their order."""
+    if WORDS3:
+        y, x, rows, ok = _value_words3(vc_base, first, S, stride_vcs, N)
+        l01 = _word3_lanes(y, x, rows, ok, 0, USE_ASM)
+        l12 = _word3_lanes(y, x, rows, ok, 1, USE_ASM)
+        l22 = _word3_lanes(y, x, rows, ok, 2, USE_ASM)
+        a0 = _plus_dot(pv, _word3_values(l01, 0, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
+        a1 = _plus_dot(pv, _word3_values(l01, 1, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
+        a2 = _plus_dot(pv, _word3_values(l01, 2, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
+        a3 = _plus_dot(pv, _word3_values(l12, 3, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
+        a4 = _plus_dot(pv, _word3_values(l12, 4, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
+        a5 = _plus_dot(pv, _word3_values(l12, 5, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
+        a6 = _plus_dot(pv, _word3_values(l22, 6, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
+        a7 = _plus_dot(pv, _word3_values(l22, 7, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
+        return a0, a1, a2, a3, a4, a5, a6, a7
     if not LOADED:
         v0, v1, v2 = _block_rows(vc_base, first, S, stride_vcs, BITS, NBYTES, VPW, N, KEYS_MAJOR)
     pv_low = pv
@@ -564,6 +593,16 @@ def _zero_point_off(a0, a1, a2, a3, a4, a5, a6, a7, z, VP: tl.constexpr, BITS: t
         a6 = a6 * (1.0 / _field_unit(BITS, False, 6)) - z
         a7 = a7 * (1.0 / _field_unit(BITS, False, 7)) - z
     return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@triton.jit
+def _wide_origin(x):
+    """``x`` (bytes of a bool mask) as int32 through an asm with side effects, which hides its byte loads from the
+    width Triton's MMA lowering gives the value dots' operands: it takes the narrowest load behind either operand,
+    and through the scores the probabilities' operand reaches the mask's, so a bool mask made the dots' operands
+    k-width 4. The word tiles' lanes (:func:`~.code_operands._word3_lanes`) are made for k-width 2 fragments."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(tl.int32)], dtype=tl.int32, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
