@@ -675,23 +675,23 @@ def test_three_bit_value_words_are_the_byte_planes(method, seed, k_bits, mask, n
 
 
 def test_three_bit_value_words_only_where_the_tile_fits():
-    from turboquant.templates.decode_attention import _value_words3
+    from turboquant.templates.decode_attention import _value_word_tiles
 
     spec = KVQuantConfig(method="affine", bits=3).spec("v")
     turbo = KVQuantConfig(method="turbo", bits=3).spec("v")
     fits = dict(v_spec=spec, v_lut="", d=128, v_nbytes=48, v_place=(4096, 48 * 64, 48, 48), sub_n=16, num_warps=1,
                 keys_major=False, early_rows=False)
-    assert not _value_words3(**fits)  # affine: byte planes unless asked (words were slower, H100)
-    assert _value_words3(**fits, override=True)
-    assert _value_words3(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")))
-    assert not _value_words3(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")), override=False)
+    assert not _value_word_tiles(**fits)  # affine: byte planes unless asked (words were slower, H100)
+    assert _value_word_tiles(**fits, override=True)
+    assert _value_word_tiles(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")))
+    assert not _value_word_tiles(**(fits | dict(v_spec=turbo, v_lut="poly:0x1")), override=False)
     poly = fits | dict(v_spec=turbo, v_lut="poly:0x1")
     for change in (dict(v_lut="shfl:0x1"), dict(d=64, v_nbytes=24), dict(sub_n=32), dict(num_warps=4),
                    dict(keys_major=True), dict(early_rows=True), dict(v_place=(4097, 48, 48, 48)),
                    dict(v_place=(4096, 48, 48, 49))):
-        assert not _value_words3(**(poly | change)), change
+        assert not _value_word_tiles(**(poly | change)), change
         with pytest.raises(ValueError, match="value_words=True"):
-            _value_words3(**(poly | change), override=True)
+            _value_word_tiles(**(poly | change), override=True)
 
 
 def test_three_bit_value_word_fragments_hold_both_column_halves():

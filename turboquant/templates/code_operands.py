@@ -403,12 +403,12 @@ def _shuffle_lut_asm(bits, lut, s):
 
 
 @triton.constexpr_function
-def _polynomial_asm(bits, lut, s, pos=None):
+def _polynomial_asm(bits, lut, s):
     """PTX for turbo codes to their fp16 levels computed from the code
     (:data:`~turboquant.quant.turbo.POLYNOMIAL_LEVELS`). 4/8-bit (pack 2): ``$1`` two int16 row words, plane
     ``s``'s code at bit ``bits · s`` of each; ``$0`` their two levels. 3-bit (pack 2): ``$1`` two lanes of
     :func:`_field3_spread` (the byte plane that holds plane ``s``'s low bits, the next one above it), the field at
-    bit ``3s mod 8`` (or at ``pos``); ``$0`` their two levels.
+    bit ``3s mod 8``; ``$0`` their two levels.
 
     Each code ``k`` becomes the fp16 number ``x = 1024 + 2^(a−1)·(2k + 1)``: the code in the mantissa at bit
     ``a ≥ 1``, the half bit below it, the exponent of 1024 above. 8-bit: a permute (byte ``s`` to the low byte of
@@ -436,7 +436,7 @@ def _polynomial_asm(bits, lut, s, pos=None):
         sel = 0x4040 | (2 + s) << 8 | s  # byte s of each word to the low byte of its half, zero above
         asm += f"prmt.b32 x, $1, 0, {sel:#06x}; mad.lo.u32 x, x, 2, 0x64016401; "
     elif bits == 3:  # two lanes of _field3_spread: the field and its half bit kept, the exponent's byte set
-        pos = _field3_shift(s) if pos is None else int(pos)
+        pos = _field3_shift(s)
         at = max(pos, 1)
         mask, magic = 7 << pos, 0x6400 | 1 << (at - 1)
         if pos == 0:

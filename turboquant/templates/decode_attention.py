@@ -587,7 +587,7 @@ def _keys_major_default(k_spec: TensorQuantSpec, v_spec: TensorQuantSpec, d: int
     return d > 64 and all(s.method == "affine" or s.bits in (2, 4) or row_grid(d, s.bits) for s in (k_spec, v_spec))
 
 
-def _value_words3(v_spec: TensorQuantSpec, v_lut: str, d: int, v_nbytes: int, v_place: tuple, sub_n: int,
+def _value_word_tiles(v_spec: TensorQuantSpec, v_lut: str, d: int, v_nbytes: int, v_place: tuple, sub_n: int,
                   num_warps: int, keys_major: bool, early_rows: bool, override: Optional[bool] = None) -> bool:
     """Whether 3-bit values are read as 16-bit word tiles (:func:`~.code_operands._value_words3`) rather than as byte
     planes. They can be for affine values, or turbo ones whose levels are computed (``v_lut`` ``"poly"``), of head_dim
@@ -945,9 +945,9 @@ def _make_plan(q, k_codes, k_meta, v_codes, v_meta, k_spec, v_spec, attn_mask, i
         ZERO_DRAIN=int(zero_drain or 0),
         Q_WIDE=one_warp if wide_query_rotation is None else bool(wide_query_rotation),
         EARLY_ROWS=_early_rows(k_spec, v_spec, split_blocks, row_groups, programs, sms, early_rows))
-    consts["V_WORDS3"] = _value_words3(v_spec, luts[1], D, v_codes.shape[-1], (v_codes.data_ptr(), *vc_strides),
-                                       block_n // row_groups, num_warps, bool(keys_major), consts["EARLY_ROWS"],
-                                       value_words)
+    consts["V_WORDS3"] = _value_word_tiles(v_spec, luts[1], D, v_codes.shape[-1], (v_codes.data_ptr(), *vc_strides),
+                                           block_n // row_groups, num_warps, bool(keys_major), consts["EARLY_ROWS"],
+                                           value_words)
     names = _decode_split_kernel.arg_names
     tail = (S, n_parts, split_blocks, float(scale), float(softcap or 0.0), *strides,
             *(consts[n] for n in names[names.index("HKV"):]))
@@ -1042,7 +1042,7 @@ def decode_attention(q: torch.Tensor, k_codes: torch.Tensor, k_meta: torch.Tenso
     (and one row group; elsewhere the option does nothing) loads its key and value rows before the query's
     prologue rather than where they are read, so that their latency passes under the prologue and the key dots, for
     more registers; by default for short affine 3-bit caches whose grid fits (:func:`_early_rows`). ``value_words``:
-    3-bit values read as 16-bit word tiles rather than byte planes, where the tiles fit (:func:`_value_words3`; by
+    3-bit values read as 16-bit word tiles rather than byte planes, where the tiles fit (:func:`_value_word_tiles`; by
     default for turbo values there).
     """
     if q.stride(-1) != 1:
