@@ -272,13 +272,12 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
     place (and 2-bit turbo ones with ``"lin"``, :func:`_linear_level_words`)."""
     if TURBO and _lut_kind(LUT) == "lin":  # levels linear in the code's bits: the field in place, as affine
         vals = _field_values(b0, S, BITS, USE_ASM)
+    elif BITS == 3 and (not TURBO or (USE_ASM and _lut_kind(LUT) == "poly")):  # from the lanes the planes share
+        vals = _lane3_values(_field3_spread(b0, b1, b2, S, USE_ASM), S, TURBO, lut_ptr, USE_ASM, LUT)
     elif TURBO and USE_ASM and (_lut_kind(LUT) == "shfl" or _lut_kind(LUT) == "poly"):
         CODE_ASM: tl.constexpr = _code_level_asm(BITS, LUT, S)
         if BITS != 3:
             vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [b0], dtype=tl.float16, is_pure=True, pack=2)
-        elif _lut_kind(LUT) == "poly":  # two codes an asm, from the lanes the planes share
-            lanes = _field3_spread(b0, b1, b2, S, USE_ASM)
-            vals = tl.inline_asm_elementwise(CODE_ASM, "=r,r", [lanes], dtype=tl.float16, is_pure=True, pack=2)
         elif _field3_shift(S) > 5:  # four codes an asm: a plane's bytes and the next plane's (fields straddle)
             lo, hi = _field3_bytes(b0, b1, b2, S)
             vals = tl.inline_asm_elementwise(CODE_ASM, "=r,=r,r,r", [lo, hi], dtype=tl.float16, is_pure=True, pack=4)
@@ -291,8 +290,6 @@ def _plane_values(b0, b1, b2, S: tl.constexpr, BITS: tl.constexpr, TURBO: tl.con
         vals = tl.inline_asm_elementwise(ASM, "=r,r", [src], dtype=tl.float16, is_pure=True, pack=2)
     elif TURBO:
         vals = _lookup(lut_ptr, _plane_codes(b0, b1, b2, S, BITS), BITS)
-    elif BITS == 3:  # fp16 subnormals in place
-        vals = _field3_lanes(b0, b1, b2, S, USE_ASM).to(tl.float16, bitcast=True)
     else:
         vals = _field_values(b0, S, BITS, USE_ASM)
     return vals
@@ -581,7 +578,7 @@ def _centroids_fp16(d: int, bits: int, device=None) -> torch.Tensor:
 # it makes the 16-bit lanes ``byte plane a | byte plane a + 1 << 8`` of dim columns 2n (registers 0, 1: the
 # operand's column n) and 2n + 1 (2, 3: column n + 8), one permute per two keys. Words load by ldmatrix, where a
 # byte plane's bytes as this operand were one shared-memory load each (LDS.U8, 96 a 64-key block). Planes 0–2
-# mask lanes of byte planes 0 | 1, 3–5 of 1 | 2, 6 and 7 of 2 (:func:`_field3_mask`, as the byte planes' lanes);
+# mask lanes of byte planes 0 | 1, 3–5 of 1 | 2, 6 and 7 of 2 (:func:`_lane3_values`, as the byte planes' lanes);
 # a plane's operand column c is its dim column 2c (c < 8) or 2(c − 8) + 1, which the accumulators undo after the
 # loop (:func:`_word3_planes`). 16-key tiles: one row group's sub-block (4-row tiles of 64-key blocks).
 
@@ -631,10 +628,10 @@ def _word3_lanes(y, x, rows, ok, A: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _word3_values(lanes, S: tl.constexpr, TURBO: tl.constexpr, lut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr):
-    """fp16 values of plane ``S`` from its :func:`_word3_lanes`: affine fields in place (worth
-    ``_field_unit(3, False, S)``), or turbo levels (the level polynomial, :func:`_polynomial_asm`; the interpreter
-    gathers them from the table)."""
+def _lane3_values(lanes, S: tl.constexpr, TURBO: tl.constexpr, lut_ptr, USE_ASM: tl.constexpr, LUT: tl.constexpr):
+    """fp16 values of 3-bit plane ``S`` from its 16-bit lanes (:func:`_field3_spread`'s or :func:`_word3_lanes`'):
+    affine fields in place (worth ``_field_unit(3, False, S)``), or turbo levels (the level polynomial,
+    :func:`_polynomial_asm`; the interpreter gathers them from the table)."""
     if TURBO:
         if USE_ASM:
             CODE_ASM: tl.constexpr = _code_level_asm(3, LUT, S)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .code_operands import (WORD3_COLUMNS, _block_rows, _code_word_bytes, _field_unit, _field_values, _lin_coef,
-                            _lin_low_bits, _lut_kind, _plane_values, _value_words3, _word3_lanes, _word3_planes,
-                            _word3_values)
+from .code_operands import (WORD3_COLUMNS, _block_rows, _code_word_bytes, _field_unit, _field_values, _lane3_values,
+                            _lin_coef, _lin_low_bits, _lut_kind, _plane_values, _value_words3, _word3_lanes,
+                            _word3_planes)
 from .query_planes import (_field_planes, _hadamard_q_planes, _q_halves, _q_plane, _query_dims, _query_sums,
                            _store_dense_back, _store_hadamard_back, _store_plane)
 
@@ -54,8 +54,8 @@ def _decode_split_kernel(
     tl.static_assert(ZERO_DRAIN == 0 or (SKIP_RESCALE and NG == 1 and not BLOCK_SUMS
                                          and (not V_TURBO or _lut_kind(V_LUT) == "lin")))
     # V_WORDS3 (_value_words3): 3-bit head_dim-128 values as word tiles of one row group's 16 keys
-    tl.static_assert(not V_WORDS3 or (V_BITS == 3 and VP * VPW == 128 and VPW == WORD3_COLUMNS and BLOCK_N // NG == 16
-                                      and not KEYS_MAJOR and not EARLY_ROWS))
+    tl.static_assert(not V_WORDS3 or (V_BITS == 3 and VPW == WORD3_COLUMNS and BLOCK_N // NG == 16 and not KEYS_MAJOR
+                                      and not EARLY_ROWS))
     KEY_AXIS: tl.constexpr = 0 if KEYS_MAJOR else 1  # the score tile's axis of keys
     # turbo codes whose levels are linear in their bits ("lin", _linear_level_words) are fields in place, as
     # affine codes: K_TABLE says whether the keys' codes become table values (worth 1 each)
@@ -513,14 +513,14 @@ def _value_dots(pv, vc_base, first, S, stride_vcs, a0, a1, a2, a3, a4, a5, a6, a
         l01 = _word3_lanes(y, x, rows, ok, 0, USE_ASM)
         l12 = _word3_lanes(y, x, rows, ok, 1, USE_ASM)
         l22 = _word3_lanes(y, x, rows, ok, 2, USE_ASM)
-        a0 = _plus_dot(pv, _word3_values(l01, 0, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
-        a1 = _plus_dot(pv, _word3_values(l01, 1, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
-        a2 = _plus_dot(pv, _word3_values(l01, 2, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
-        a3 = _plus_dot(pv, _word3_values(l12, 3, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
-        a4 = _plus_dot(pv, _word3_values(l12, 4, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
-        a5 = _plus_dot(pv, _word3_values(l12, 5, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
-        a6 = _plus_dot(pv, _word3_values(l22, 6, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
-        a7 = _plus_dot(pv, _word3_values(l22, 7, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
+        a0 = _plus_dot(pv, _lane3_values(l01, 0, TURBO, vlut_ptr, USE_ASM, LUT), a0, rz, BLOCK_SUMS)
+        a1 = _plus_dot(pv, _lane3_values(l01, 1, TURBO, vlut_ptr, USE_ASM, LUT), a1, rz, BLOCK_SUMS)
+        a2 = _plus_dot(pv, _lane3_values(l01, 2, TURBO, vlut_ptr, USE_ASM, LUT), a2, rz, BLOCK_SUMS)
+        a3 = _plus_dot(pv, _lane3_values(l12, 3, TURBO, vlut_ptr, USE_ASM, LUT), a3, rz, BLOCK_SUMS)
+        a4 = _plus_dot(pv, _lane3_values(l12, 4, TURBO, vlut_ptr, USE_ASM, LUT), a4, rz, BLOCK_SUMS)
+        a5 = _plus_dot(pv, _lane3_values(l12, 5, TURBO, vlut_ptr, USE_ASM, LUT), a5, rz, BLOCK_SUMS)
+        a6 = _plus_dot(pv, _lane3_values(l22, 6, TURBO, vlut_ptr, USE_ASM, LUT), a6, rz, BLOCK_SUMS)
+        a7 = _plus_dot(pv, _lane3_values(l22, 7, TURBO, vlut_ptr, USE_ASM, LUT), a7, rz, BLOCK_SUMS)
         return a0, a1, a2, a3, a4, a5, a6, a7
     if not LOADED:
         v0, v1, v2 = _block_rows(vc_base, first, S, stride_vcs, BITS, NBYTES, VPW, N, KEYS_MAJOR)
